@@ -1,0 +1,95 @@
+"""AnglE objectives (Li & Li 2024): cosine (CoSENT, Eq. 1), in-batch negatives (Eq. 2) and the
+complex-space angle objective (Eq. 4-7). Scale convention as sentence-transformers: tau multiplies.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from objectives._common import cosine_matrix
+from objectives.rank_margin import cosent_loss
+
+
+def angle_similarity(e1: torch.Tensor, e2: torch.Tensor) -> torch.Tensor:
+    """|Re + Im| of the normalised complex quotient z/w summed over dimensions (AnglE Eq. 4-6).
+
+    Each embedding is split into a real half (a, c) and an imaginary half (b, d); after dividing by the
+    moduli of the two embeddings, sum(Re) = cos(e1, e2) and sum(Im) = sum(b c - a d). Normalised per pair,
+    as in sentence-transformers' ``pairwise_angle_sim`` (older reference code normalised over the batch
+    axis, which made a pair's value depend on the rest of the batch). Odd dimensions are zero-padded.
+    """
+    if e1.shape[1] % 2:
+        e1, e2 = F.pad(e1, (0, 1)), F.pad(e2, (0, 1))
+    x, y = F.normalize(e1, dim=1), F.normalize(e2, dim=1)
+    a, b = torch.chunk(x, 2, dim=1)
+    c, d = torch.chunk(y, 2, dim=1)
+    re = torch.sum(a * c + b * d, dim=1)
+    im = torch.sum(b * c - a * d, dim=1)
+    return torch.abs(re + im)
+
+
+def angle_loss(
+    e1: torch.Tensor, e2: torch.Tensor, scores: torch.Tensor, *, tau: float = 20.0, method: str = "auto"
+) -> torch.Tensor:
+    """AnglE Eq. 7: the CoSENT ranking applied to the complex-space angle similarity."""
+    return cosent_loss(angle_similarity(e1, e2), scores, tau=tau, method=method)
+
+
+def angle_ibn_loss(
+    e1: torch.Tensor,
+    e2: torch.Tensor,
+    positive: torch.Tensor,
+    *,
+    tau: float = 20.0,
+    ids1: torch.Tensor | None = None,
+    ids2: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """AnglE Eq. 2: in-batch negatives with supervised positives, mean over the positive anchors.
+
+    ``positive[B]`` (bool) marks the pairs labelled as positives; only they are anchors, and for a
+    graded label the caller decides what counts as positive (no integer cast of scores). The
+    candidates of anchor i are all second sentences of the batch. A candidate j != i whose text is
+    the anchor's own positive text (``ids2[j] == ids2[i]``), or that is the positive of an anchor
+    with the same text (``ids1[j] == ids1[i]`` and ``positive[j]``), is not a negative: it is left
+    out of the denominator, so duplicates never push identical sentences apart. ``ids*`` are integer
+    text ids (e.g. hashes); without them no duplicates are assumed.
+    """
+    positive = positive.bool()
+    if not bool(positive.any()):
+        return e1.sum() * 0.0
+    logits = tau * cosine_matrix(e1, e2)  # [anchor i, candidate j]
+    n = logits.shape[0]
+    duplicate = torch.zeros(n, n, dtype=torch.bool, device=logits.device)
+    if ids2 is not None:
+        duplicate |= ids2[:, None] == ids2[None, :]
+    if ids1 is not None:
+        duplicate |= (ids1[:, None] == ids1[None, :]) & positive[None, :]
+    duplicate.fill_diagonal_(False)
+    logits = logits.masked_fill(duplicate, float("-inf"))
+    targets = torch.arange(n, device=logits.device)
+    return F.cross_entropy(logits[positive], targets[positive])
+
+
+def angle_composite_loss(
+    e1: torch.Tensor,
+    e2: torch.Tensor,
+    scores: torch.Tensor,
+    positive: torch.Tensor,
+    *,
+    w_cosine: float = 1.0,
+    w_ibn: float = 1.0,
+    w_angle: float = 1.0,
+    tau_cosine: float = 20.0,
+    tau_ibn: float = 20.0,
+    tau_angle: float = 20.0,
+    ids1: torch.Tensor | None = None,
+    ids2: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """AnglE Eq. 8: w1 L_cos + w2 L_ibn + w3 L_angle."""
+    cos = F.cosine_similarity(e1, e2, dim=-1)
+    return (
+        w_cosine * cosent_loss(cos, scores, tau=tau_cosine)
+        + w_ibn * angle_ibn_loss(e1, e2, positive, tau=tau_ibn, ids1=ids1, ids2=ids2)
+        + w_angle * angle_loss(e1, e2, scores, tau=tau_angle)
+    )

@@ -1,0 +1,177 @@
+"""Every objective's name, its hyperparameters with the papers' defaults, and its citation, plus the
+weighted composite built from config: ``{weights: {name: w}, <name>: {param: value}}``.
+
+A component reads what it needs from an ``EmbeddingBatch`` (the gathered, global batch), so the
+training loop builds one batch and the config alone decides what is trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from objectives.angle import angle_ibn_loss, angle_loss
+from objectives.contrastive import hince_loss, infonce_loss
+from objectives.gated_angle import gated_angle_loss
+from objectives.listwise import listmle_loss, refine_targets
+from objectives.rank_margin import cosent_loss, rank_margin_loss
+from objectives.relational import relational_loss
+
+ENTAILMENT, NEUTRAL, CONTRADICTION = 0, 1, 2
+
+
+@dataclass
+class EmbeddingBatch:
+    """Embeddings and labels of one global batch. Only the fields an objective needs must be set."""
+
+    emb1: torch.Tensor | None = None  # [B, d] first sentences (anchors, heads, list seeds)
+    emb2: torch.Tensor | None = None  # [B, d] second sentences (positives, tails)
+    emb_neg: torch.Tensor | None = None  # [B', d] hard / syntactically aligned negatives
+    scores: torch.Tensor | None = None  # [B] similarity S in [0, 1]
+    labels: torch.Tensor | None = None  # [B] NLI labels E=0, N=1, C=2
+    ids1: torch.Tensor | None = None  # [B] integer ids of the first texts (duplicate detection)
+    ids2: torch.Tensor | None = None
+    relation: torch.Tensor | None = None  # [B] relation index (RSE)
+    relation_table: torch.Tensor | None = None  # [K, d] learned relation vectors (RSE)
+    list_emb: torch.Tensor | None = None  # [R, n, d] ranked lists, seed first (ListMLE)
+    list_mask: torch.Tensor | None = None  # [R, n] real items of padded lists
+
+    def require(self, objective: str, *names: str) -> list[torch.Tensor]:
+        missing = [n for n in names if getattr(self, n) is None]
+        if missing:
+            raise ValueError(f"objective {objective!r} needs batch fields {missing}; this data does not provide them")
+        return [getattr(self, n) for n in names]
+
+    def cosines(self) -> torch.Tensor:
+        e1, e2 = self.require("pairwise", "emb1", "emb2")
+        return F.cosine_similarity(e1, e2, dim=-1)
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    name: str
+    summary: str
+    citation: str
+    defaults: dict[str, Any]
+    compute: Callable[[EmbeddingBatch, dict[str, Any]], torch.Tensor] = field(repr=False)
+
+
+def _positive_pairs(batch: EmbeddingBatch, threshold: float) -> torch.Tensor:
+    """Positives for in-batch negatives: entailment pairs when NLI labels exist, else S >= threshold."""
+    if batch.labels is not None:
+        return batch.labels == ENTAILMENT
+    (scores,) = batch.require("angle_ibn", "scores")
+    return scores >= threshold
+
+
+def _listmle(batch: EmbeddingBatch, p: dict[str, Any]) -> torch.Tensor:
+    (lists,) = batch.require("listmle", "list_emb")
+    normed = F.normalize(lists, dim=-1)
+    losses = []
+    for r in range(normed.shape[0]):  # one list at a time: each has its own n x n matrix
+        keep = slice(None) if batch.list_mask is None else batch.list_mask[r]
+        sim = normed[r][keep] @ normed[r][keep].T
+        target = refine_targets(sim.detach(), p["omega"])
+        losses.append(listmle_loss(sim, target))
+    return torch.stack(losses).mean()
+
+
+_RAOE = "Shengjingwa et al. RAOE: Rank-Awareness and Angular Optimization Embeddings (raoe.txt)"
+_ANGLE = "Li & Li 2024, AnglE-optimized Text Embeddings, ICLR (angle.txt)"
+_SAN = "Syntactically aligned negatives and Hierarchical InfoNCE (san-hince.txt)"
+_RANK = "Ranking sentences: directionally controlled generation and ListMLE post-training (ranking-sentences.txt)"
+
+SPECS: dict[str, ObjectiveSpec] = {
+    s.name: s
+    for s in [
+        ObjectiveSpec(
+            "rank_margin", "RAOE Rank Margin, Eq. 2", _RAOE, {"margin": 2.0, "tau": 20.0},
+            lambda b, p: rank_margin_loss(b.cosines(), b.require("rank_margin", "scores")[0], **p),
+        ),
+        ObjectiveSpec(
+            "gated_angle", "RAOE Gated Angular, Eq. 3", _RAOE, {"tau": 20.0},
+            lambda b, p: gated_angle_loss(b.cosines(), *b.require("gated_angle", "labels", "scores"), **p),
+        ),
+        ObjectiveSpec(
+            "cosent", "CoSENT / AnglE cosine objective, Eq. 1", "Su 2022, CoSENT; " + _ANGLE, {"tau": 20.0},
+            lambda b, p: cosent_loss(b.cosines(), b.require("cosent", "scores")[0], **p),
+        ),
+        ObjectiveSpec(
+            "angle", "AnglE complex-space angle objective, Eq. 4-7", _ANGLE, {"tau": 20.0},
+            lambda b, p: angle_loss(*b.require("angle", "emb1", "emb2", "scores"), **p),
+        ),
+        ObjectiveSpec(
+            "angle_ibn", "AnglE in-batch negatives with supervised positives, Eq. 2", _ANGLE,
+            {"tau": 20.0, "positive_threshold": 0.8},
+            lambda b, p: angle_ibn_loss(
+                *b.require("angle_ibn", "emb1", "emb2"), _positive_pairs(b, p["positive_threshold"]),
+                tau=p["tau"], ids1=b.ids1, ids2=b.ids2,
+            ),
+        ),
+        ObjectiveSpec(
+            "infonce", "Supervised SimCSE InfoNCE (hard negatives optional)",
+            "Gao et al. 2021, SimCSE, EMNLP", {"tau": 0.05},
+            lambda b, p: infonce_loss(*b.require("infonce", "emb1", "emb2"), b.emb_neg, **p),
+        ),
+        ObjectiveSpec(
+            "hince", "Hierarchical InfoNCE, Eq. 2", _SAN, {"tau1": 0.05, "tau2": 0.08},
+            lambda b, p: hince_loss(*b.require("hince", "emb1", "emb2", "emb_neg"), **p),
+        ),
+        ObjectiveSpec("listmle", "ListMLE on refined targets, Eq. 5-8", _RANK, {"omega": 0.5}, _listmle),
+        ObjectiveSpec(
+            "relational", "RSE relational contrastive objective, Eq. 1-2",
+            "Wang et al. RSE: Relational Sentence Embedding (rse.txt)", {"tau": 0.05},
+            lambda b, p: relational_loss(
+                *b.require("relational", "emb1", "emb2", "relation", "relation_table"), b.emb_neg, **p
+            ),
+        ),
+    ]
+}
+
+# Named recipes from the papers; a config may use one of these instead of spelling out weights.
+PRESETS: dict[str, dict[str, float]] = {
+    "raoe": {"rank_margin": 1.0, "gated_angle": 1.0},
+    "raoe_s2": {"rank_margin": 1.0},
+    "angle": {"cosent": 1.0, "angle_ibn": 1.0, "angle": 1.0},
+    "cosent": {"cosent": 1.0},
+    "simcse": {"infonce": 1.0},
+    "hince": {"hince": 1.0},
+}
+
+
+def objective_params(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The paper defaults of objective ``name`` with ``overrides`` applied; unknown names/keys are errors."""
+    if name not in SPECS:
+        raise KeyError(f"unknown objective {name!r}; known: {sorted(SPECS)}")
+    params = dict(SPECS[name].defaults)
+    for key, value in (overrides or {}).items():
+        if key not in params:
+            raise KeyError(f"objective {name!r} has no parameter {key!r}; it has {sorted(params)}")
+        params[key] = value
+    return params
+
+
+class CompositeObjective:
+    """sum_k w_k L_k(batch); components with weight 0 are skipped. Returns (total, {name: value})."""
+
+    def __init__(self, weights: dict[str, float], params: dict[str, dict[str, Any]] | None = None):
+        params = params or {}
+        self.weights = {n: float(w) for n, w in weights.items() if float(w) != 0.0}
+        if not self.weights:
+            raise ValueError("the composite objective needs at least one component with a non-zero weight")
+        self.params = {n: objective_params(n, params.get(n)) for n in self.weights}
+
+    def __call__(self, batch: EmbeddingBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        parts = {n: SPECS[n].compute(batch, self.params[n]) for n in self.weights}
+        total = sum(self.weights[n] * parts[n] for n in parts)
+        return total, parts
+
+    def describe(self) -> dict[str, Any]:
+        """What is trained, for run params and model cards."""
+        return {
+            n: {"weight": w, "params": self.params[n], "citation": SPECS[n].citation, "summary": SPECS[n].summary}
+            for n, w in self.weights.items()
+        }

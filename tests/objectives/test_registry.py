@@ -1,0 +1,48 @@
+"""The composite built from config: weighted sum, presets, metadata, clear errors."""
+
+import pytest
+import torch
+
+from objectives import PRESETS, SPECS, CompositeObjective, EmbeddingBatch, gated_angle_loss, rank_margin_loss
+
+
+def batch():
+    g = torch.Generator().manual_seed(0)
+    e1, e2 = torch.randn(10, 4, generator=g, dtype=torch.float64), torch.randn(10, 4, generator=g, dtype=torch.float64)
+    return EmbeddingBatch(emb1=e1, emb2=e2, scores=torch.rand(10, generator=g, dtype=torch.float64),
+                          labels=torch.randint(0, 3, (10,), generator=g))
+
+
+def test_raoe_composite_is_rank_margin_plus_gated_angle():
+    b = batch()
+    total, parts = CompositeObjective({"rank_margin": 1.0, "gated_angle": 2.0}, {"rank_margin": {"margin": 1}})(b)
+    cos = torch.nn.functional.cosine_similarity(b.emb1, b.emb2)
+    want_rank = rank_margin_loss(cos, b.scores, margin=1)
+    want_angle = gated_angle_loss(cos, b.labels, b.scores)
+    assert parts["rank_margin"].item() == pytest.approx(want_rank.item())
+    assert total.item() == pytest.approx((want_rank + 2 * want_angle).item())
+
+
+def test_every_objective_has_defaults_and_a_citation():
+    for spec in SPECS.values():
+        assert spec.citation and spec.summary and isinstance(spec.defaults, dict)
+    assert SPECS["rank_margin"].defaults == {"margin": 2.0, "tau": 20.0}
+    assert SPECS["hince"].defaults == {"tau1": 0.05, "tau2": 0.08}
+    for weights in PRESETS.values():
+        assert set(weights) <= set(SPECS)
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(KeyError, match="unknown objective 'rank_marginn'"):
+        CompositeObjective({"rank_marginn": 1.0})
+    with pytest.raises(KeyError, match="has no parameter 'margn'"):
+        CompositeObjective({"rank_margin": 1.0}, {"rank_margin": {"margn": 3}})
+    with pytest.raises(ValueError, match="needs batch fields \\['emb_neg'\\]"):
+        CompositeObjective({"hince": 1.0})(batch())
+    with pytest.raises(ValueError, match="non-zero weight"):
+        CompositeObjective({"rank_margin": 0.0})
+
+
+def test_describe_reports_what_is_trained():
+    d = CompositeObjective(PRESETS["raoe"]).describe()
+    assert d["rank_margin"]["params"] == {"margin": 2.0, "tau": 20.0} and d["gated_angle"]["weight"] == 1.0
