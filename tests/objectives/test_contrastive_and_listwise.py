@@ -6,7 +6,14 @@ import torch
 from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
 import reference
-from objectives import hince_loss, infonce_loss, listmle_loss, refine_targets, relation_scores, relational_loss
+from objectives import (
+    hince_loss,
+    infonce_loss,
+    listmle_loss,
+    refine_targets,
+    relation_scores,
+    relational_loss,
+)
 
 
 def tensors(seed, *shapes, dtype=torch.float64):

@@ -1,0 +1,1 @@
+"""Backbones: model sources, pooling, prompts, export in sentence-transformers format."""

@@ -1,0 +1,46 @@
+"""Tiny random-initialised models with a tokenizer built locally, for tests and tiny configs."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+WORDS = (
+    "a an the of to in on at for with by from and or but not no is are was were be been has have had do does "
+    "did this that these those it its he she they we you i my his her their our man woman men women boy girl "
+    "child children people person dog cat animal water street car bike ball food table city house room road "
+    "sits sitting stands standing walks walking runs running plays playing eats eating rides riding looks "
+    "looking wearing holding outside inside near down up two three one some many all while young old small "
+    "large big red blue green white black shirt hat group crowd game music field beach snow park sleeping"
+).split()
+
+
+def _vocab() -> list[str]:
+    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
+    pieces = ["##" + c for c in string.ascii_lowercase + string.digits]
+    return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *pieces, *WORDS]
+
+
+def build_tiny_model(kind: str = "bert") -> Path:
+    """Build (once, deterministically) a tiny model under the raoe cache and return its folder."""
+    from encoders.sources import ModelSourceError, building, cache_root
+
+    if kind != "bert":
+        raise ModelSourceError(f"unknown tiny model 'tiny:{kind}'; known: ['tiny:bert']")
+    target = cache_root() / "models" / f"tiny-{kind}"
+    if (target / ".complete").exists():
+        return target
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    with building(target) as staging:
+        vocab_file = staging / "vocab.txt"
+        vocab_file.write_text("\n".join(_vocab()) + "\n")
+        BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True).save_pretrained(staging)
+        config = BertConfig(
+            vocab_size=len(_vocab()), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=64, max_position_embeddings=128,
+        )
+        torch.manual_seed(0)
+        BertModel(config).save_pretrained(staging)
+    return target

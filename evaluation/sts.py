@@ -1,0 +1,143 @@
+"""The seven STS tasks in SentEval's "all" setting (SimCSE, AnglE and RAOE report this): Spearman x 100
+of cosine against gold; STS12-16 pool every subset of a year before one Spearman; STS-B and SICK-R on
+their test split. Missing files make a task absent, never zero."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from scipy.stats import spearmanr
+
+STS_SUBSETS = {
+    "STS12": ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
+    "STS13": ["FNWN", "headlines", "OnWN"],
+    "STS14": ["deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"],
+    "STS15": ["answers-forums", "answers-students", "belief", "headlines", "images"],
+    "STS16": ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"],
+}
+ALL_TASKS = [*STS_SUBSETS, "STSBenchmark", "SICKRelatedness"]
+
+
+@dataclass
+class STSPairs:
+    """Pairs of one task (pooled over its subsets) with gold scores."""
+
+    sentences1: list[str]
+    sentences2: list[str]
+    gold: np.ndarray
+
+    def head(self, n: int | None) -> "STSPairs":
+        return self if n is None else STSPairs(self.sentences1[:n], self.sentences2[:n], self.gold[:n])
+
+
+def _read_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def read_senteval_sts_year(folder: Path, subsets: list[str]) -> STSPairs | None:
+    """STS.input.<subset>.txt (tab: s1, s2) + STS.gs.<subset>.txt; unscored (empty gold) lines skipped."""
+    s1, s2, gold = [], [], []
+    found = False
+    for subset in subsets:
+        inputs, scores = folder / f"STS.input.{subset}.txt", folder / f"STS.gs.{subset}.txt"
+        if not (inputs.exists() and scores.exists()):
+            continue
+        found = True
+        pairs, golds = _read_lines(inputs), _read_lines(scores)
+        if len(pairs) != len(golds):
+            raise ValueError(f"{inputs} has {len(pairs)} lines but {scores} has {len(golds)}")
+        for line_no, (pair, g) in enumerate(zip(pairs, golds), start=1):
+            if not g.strip():
+                continue
+            parts = pair.split("\t")
+            if len(parts) < 2:
+                raise ValueError(f"{inputs}:{line_no}: expected two tab-separated sentences")
+            s1.append(parts[0])
+            s2.append(parts[1])
+            gold.append(float(g))
+    return STSPairs(s1, s2, np.asarray(gold, dtype=np.float64)) if found else None
+
+
+def read_stsb_senteval(path: Path) -> STSPairs | None:
+    """SentEval's sts-{train,dev,test}.csv: tab-separated genre, file, year, id, score, s1, s2 (extras ignored)."""
+    if not path.exists():
+        return None
+    s1, s2, gold = [], [], []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) < 7:
+                raise ValueError(f"{path}:{line_no}: expected at least 7 tab-separated fields, got {len(parts)}")
+            gold.append(float(parts[4]))
+            s1.append(parts[5])
+            s2.append(parts[6])
+    return STSPairs(s1, s2, np.asarray(gold))
+
+
+def read_sick(path: Path) -> STSPairs | None:
+    """SICK tab-separated with header: pair_ID, sentence_A, sentence_B, relatedness_score, ..."""
+    if not path.exists():
+        return None
+    with open(path, encoding="utf-8") as f:
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    return STSPairs(
+        [r["sentence_A"] for r in rows], [r["sentence_B"] for r in rows],
+        np.asarray([float(r["relatedness_score"]) for r in rows]),
+    )
+
+
+def load_task(data_dir: str | Path, task: str, split: str = "test") -> STSPairs | None:
+    """The pairs of ``task`` under a SentEval root, or None when its files are absent."""
+    root = Path(data_dir)
+    if task in STS_SUBSETS:
+        return read_senteval_sts_year(root / "STS" / f"{task}-en-test", STS_SUBSETS[task])
+    if task == "STSBenchmark":
+        return read_stsb_senteval(root / "STS" / "STSBenchmark" / f"sts-{split}.csv")
+    if task == "SICKRelatedness":
+        return read_sick(root / "SICK" / "SICK_test_annotated.txt")
+    raise ValueError(f"unknown STS task {task!r}; known: {ALL_TASKS}")
+
+
+Encoder = Callable[[list[str]], np.ndarray]
+
+
+def cosine_scores(encode: Encoder, pairs: STSPairs) -> np.ndarray:
+    """Cosine of each pair; every distinct sentence is encoded once."""
+    unique = sorted(set(pairs.sentences1) | set(pairs.sentences2))
+    index = {s: i for i, s in enumerate(unique)}
+    emb = np.asarray(encode(unique), dtype=np.float64)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True).clip(min=1e-12)
+    a = emb[[index[s] for s in pairs.sentences1]]
+    b = emb[[index[s] for s in pairs.sentences2]]
+    return np.sum(a * b, axis=1)
+
+
+def spearman_x100(predicted: np.ndarray, gold: np.ndarray) -> float:
+    return float(spearmanr(predicted, gold).statistic * 100.0)
+
+
+def evaluate_sts(
+    encode: Encoder, data_dir: str | Path, tasks: list[str] | None = None, *, max_pairs: int | None = None,
+    stsb_split: str = "test",
+) -> dict[str, float | None]:
+    """{task: Spearman x 100 or None when absent, ..., "avg": mean of the present tasks}."""
+    results: dict[str, float | None] = {}
+    for task in tasks or ALL_TASKS:
+        pairs = load_task(data_dir, task, split=stsb_split)
+        if pairs is None or len(pairs.gold) == 0:
+            results[task] = None
+            continue
+        pairs = pairs.head(max_pairs)
+        results[task] = spearman_x100(cosine_scores(encode, pairs), pairs.gold)
+    present = [v for v in results.values() if v is not None]
+    results["avg"] = float(np.mean(present)) if present else None
+    return results
+
+
+def stsb_dev_spearman(encode: Encoder, data_dir: str | Path, max_pairs: int | None = None) -> float | None:
+    """What training selects checkpoints by: the same code path, restricted to STS-B dev."""
+    return evaluate_sts(encode, data_dir, ["STSBenchmark"], max_pairs=max_pairs, stsb_split="dev")["STSBenchmark"]

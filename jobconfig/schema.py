@@ -1,0 +1,107 @@
+"""Typed config sections shared by every job. Unknown keys are errors (extra='forbid')."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+
+from objectives.registry import PRESETS, SPECS
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    source: str = Field("pypi:all-minilm-l6-v2", description="HF id, local path, pypi:<package> or tiny:bert")
+    pooling: Literal["mean", "cls", "last_token"] = Field("mean", description="how token states become one vector")
+    prompt: str | None = Field(None, description="template with {text}, e.g. 'Summarize sentence {text} in one word:'")
+    max_length: int = Field(64, ge=8, le=32768, description="tokens per sentence (dynamic padding up to this)")
+    dropout: float | None = Field(None, ge=0.0, le=1.0, description="attention/hidden dropout; null keeps the backbone's")
+    init_from: str | None = Field(None, description="start from a trained model: path or models:/name/version|@alias")
+
+
+class TrainerConfig(Section):
+    num_workers: int = Field(1, ge=1, description="Ray Train workers")
+    strategy: Literal["ddp", "deepspeed"] = Field("ddp", description="DDP (torch backend) or DeepSpeed ZeRO")
+    zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage")
+    global_batch_size: int = Field(512, ge=2, description="pairs per optimizer step over all workers")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    epochs: float = Field(5.0, gt=0, description="passes over the data when max_steps is null")
+    max_steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
+    lr: float = Field(5e-5, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.1, ge=0, le=1, description="linear warm-up share of the steps")
+    grad_clip: float | None = Field(1.0, gt=0, description="max gradient norm; null disables")
+    bf16: bool = Field(False, description="bf16 autocast")
+    seed: int = Field(42, description="seeds Python, NumPy, torch and the data order")
+    cpus_per_worker: float = Field(0.5, gt=0, description="fractional on CPU so Ray Data readers never starve")
+    use_gpu: bool = Field(False)
+    eval_every: int = Field(50, ge=1, description="steps between STS-B dev evaluations and checkpoints")
+    max_failures: int = Field(0, ge=-1, description="worker-group restarts from the last checkpoint (-1 = forever)")
+
+
+class DataConfig(Section):
+    train: str | None = Field(None, description="training corpus path (file or folder)")
+    format: Literal["auto", "pairs_jsonl", "snli_jsonl", "senteval_nli", "csv", "parquet", "stsb_csv", "senteval_sts"] = (
+        Field("auto", description="reader; auto picks by file name")
+    )
+    split: str | None = Field(None, description="split name for folder layouts (SentEval: dev, test, train)")
+    max_rows: int | None = Field(None, ge=1, description="use only the first N rows")
+    on_bad_record: Literal["fail", "quarantine"] = Field("fail", description="stop on bad rows, or set them aside")
+
+
+def _params_model(name: str) -> type[BaseModel]:
+    defaults = SPECS[name].defaults
+    fields = {k: (type(v), Field(v)) for k, v in defaults.items()}
+    return create_model(f"{name}_params", __base__=Section, **fields)
+
+
+_PARAM_MODELS = {name: _params_model(name) for name in SPECS}
+
+
+class _ObjectiveBase(Section):
+    weights: dict[str, float] = Field(
+        default_factory=lambda: dict(PRESETS["raoe"]),
+        description=f"objective name -> weight; names: {', '.join(SPECS)}",
+    )
+
+    @field_validator("weights")
+    @classmethod
+    def _known(cls, weights: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(weights) - set(SPECS))
+        if unknown:
+            raise ValueError(f"unknown objective(s) {unknown}; allowed: {', '.join(SPECS)}")
+        if not any(w != 0 for w in weights.values()):
+            raise ValueError("at least one objective needs a non-zero weight")
+        return weights
+
+
+ObjectiveConfig = create_model(
+    "ObjectiveConfig",
+    __base__=_ObjectiveBase,
+    **{name: (model, Field(default_factory=model)) for name, model in _PARAM_MODELS.items()},
+)
+
+
+def objective_params(config: BaseModel) -> dict[str, dict]:
+    """The per-objective parameter dicts of an ObjectiveConfig, for CompositeObjective."""
+    return {name: getattr(config, name).model_dump() for name in SPECS}
+
+
+class EvalConfig(Section):
+    data_dir: str = Field("../shared/data/senteval", description="SentEval-layout root (STS/, SICK/)")
+    tasks: list[str] = Field(
+        default_factory=lambda: ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"],
+        description="tasks to score",
+    )
+    stsb_split: Literal["test", "dev", "train"] = Field("test", description="STS-B split scored as STSBenchmark")
+    batch_size: int = Field(64, ge=1, description="sentences per encoding batch")
+    max_pairs: int | None = Field(None, ge=1, description="score only the first N pairs of each task (quick runs)")
+
+
+class TrackingConfig(Section):
+    experiment: str = Field("raoe", description="MLflow experiment")
+    run_name: str | None = Field(None, description="MLflow run name; resubmitting the same name resumes it")
+    registered_model: str | None = Field(None, description="registry name (default raoe-s1 / raoe-s2 by stage)")

@@ -1,0 +1,91 @@
+"""Connect to the cluster in RAY_ADDRESS, or start an embedded local Ray bound to 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+# DESIGN.md, measured here: this makes every Ray listener bind to loopback; it also turns on token
+# auth, which local runs switch off (a stale ~/.ray/auth_token otherwise kills actors).
+SAFE_LOCAL_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+# Variables that workers need too: the driver's environment does not reach a running cluster's workers.
+FORWARDED_ENV = (
+    "MLFLOW_TRACKING_URI", "MLFLOW_DISABLE_TELEMETRY", "HF_HUB_OFFLINE", "HF_HOME", "RAOE_CACHE",
+    "TORCH_EXTENSIONS_DIR", "TOKENIZERS_PARALLELISM", "RAOE_DEV_DATA",
+)
+
+# Never upload these with `ray job submit --working-dir .`.
+WORKING_DIR_EXCLUDES = [".venv", ".git", "mlruns", "mlartifacts", "mlflow.db", "raoe_runs", "outputs", ".cache",
+                        "**/__pycache__", ".pytest_cache", ".ruff_cache", "benchmarks/results/*.png"]
+
+
+def apply_safe_local_env() -> None:
+    """Set the loopback-only environment for a local Ray. Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when
+    it is imported, so a process that imported ray earlier also gets the constant itself switched off."""
+    if os.environ.get("RAY_ADDRESS"):
+        return
+    for key, value in SAFE_LOCAL_ENV.items():
+        os.environ.setdefault(key, value)
+    if "ray" in sys.modules and os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0":
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def project_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def worker_env() -> dict[str, str]:
+    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    # Workers import the project's packages from the driver's checkout (local runs) or the uploaded working dir.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(project_root()), os.environ.get("PYTHONPATH", "")]))
+    return env
+
+
+def start_ray(num_cpus: int | None = None) -> bool:
+    """Start or join Ray. Returns True when this call started a local Ray that the caller must shut down."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    runtime_env = {"env_vars": worker_env()}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env, log_to_driver=True)
+        return False
+    apply_safe_local_env()
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        runtime_env=runtime_env,
+        configure_logging=True,
+        logging_level="WARNING",
+    )
+    return True
+
+
+@contextlib.contextmanager
+def ray_session(num_cpus: int | None = None) -> Iterator[None]:
+    """Ray for the length of a job; a local Ray started here is shut down at the end."""
+    import ray
+
+    started = start_ray(num_cpus)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+apply_safe_local_env()  # before anything imports ray, where this module is imported first

@@ -1,0 +1,100 @@
+"""The config system: YAML + --set overrides, coercion, unknown keys and bad values named in errors, --help."""
+
+import subprocess
+import sys
+
+import pytest
+from pydantic import Field
+
+from jobconfig import ConfigError, load_config, parse_job_args
+from jobconfig.schema import EvalConfig, ModelConfig, ObjectiveConfig, Section, TrainerConfig
+
+
+class Job(Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    output_dir: str = "raoe_runs"
+
+
+def write(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_yaml_then_overrides_in_order_with_coercion(tmp_path):
+    path = write(tmp_path, "trainer:\n  num_workers: 2\n  lr: 1.0e-4\nmodel:\n  pooling: cls\n")
+    cfg = load_config(Job, path, ["trainer.num_workers=4", "trainer.lr=2e-5", "trainer.bf16=true",
+                                  "objective.rank_margin.margin=16", "objective.weights.gated_angle=0.5",
+                                  "eval.tasks=[STS12, STSBenchmark]", "trainer.max_steps=null", "trainer.max_steps=7"])
+    assert cfg.trainer.num_workers == 4 and isinstance(cfg.trainer.num_workers, int)
+    assert cfg.trainer.lr == pytest.approx(2e-5) and isinstance(cfg.trainer.lr, float)
+    assert cfg.trainer.bf16 is True and cfg.trainer.max_steps == 7
+    assert cfg.model.pooling == "cls"
+    assert cfg.objective.rank_margin.margin == 16.0 and cfg.objective.rank_margin.tau == 20.0
+    assert cfg.objective.weights == {"rank_margin": 1.0, "gated_angle": 0.5}
+    assert cfg.eval.tasks == ["STS12", "STSBenchmark"]
+
+
+def test_defaults_are_the_papers():
+    cfg = load_config(Job)
+    assert (cfg.trainer.seed, cfg.trainer.global_batch_size, cfg.trainer.lr) == (42, 512, 5e-5)
+    assert cfg.objective.weights == {"rank_margin": 1.0, "gated_angle": 1.0}
+    assert (cfg.objective.rank_margin.margin, cfg.objective.rank_margin.tau) == (2.0, 20.0)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("trainer.num_wrkers=2", "unknown key 'trainer.num_wrkers'; did you mean 'trainer.num_workers'"),
+        ("trainer.strategy=horovod", "trainer.strategy: Input should be 'ddp' or 'deepspeed' (got 'horovod')"),
+        ("trainer.num_workers=two", "trainer.num_workers: Input should be a valid integer"),
+        ("trainer.num_workers=0", "trainer.num_workers: Input should be greater than or equal to 1"),
+        ("model.pooling=max", "model.pooling: Input should be 'mean', 'cls' or 'last_token'"),
+        ("objective.weights.rank_marginn=1", "unknown objective(s) ['rank_marginn']"),
+        ("objective.rank_margin.margn=3", "unknown key 'objective.rank_margin.margn'; did you mean"),
+        ("trainer.lr.x=1", "key 'trainer.lr' is a value, not a section"),
+        ("trainer.lr", "--set expects key=value"),
+    ],
+)
+def test_bad_overrides_name_the_key_and_the_allowed_values(override, message):
+    with pytest.raises(ConfigError) as exc:
+        load_config(Job, None, [override])
+    assert message in str(exc.value)
+
+
+def test_unknown_key_in_yaml_lists_the_allowed_keys(tmp_path):
+    path = write(tmp_path, "trainer:\n  epochz: 3\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(Job, path)
+    assert "unknown key 'trainer.epochz'; did you mean 'trainer.epochs'?" in str(exc.value)
+    assert "global_batch_size" in str(exc.value)
+
+
+def test_broken_yaml_names_the_line(tmp_path):
+    path = write(tmp_path, "trainer:\n  num_workers: 2\n lr: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML at line"):
+        load_config(Job, path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(Job, tmp_path / "missing.yaml")
+
+
+def test_parse_job_args_exits_2_with_the_message(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_job_args(Job, "test job", ["--set", "trainer.strategy=x"])
+    assert exc.value.code == 2
+    assert "trainer.strategy" in capsys.readouterr().err
+
+
+def test_job_help_lists_the_keys():
+    out = subprocess.run([sys.executable, "ray_jobs/evaluate.py", "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "--set KEY=VALUE" in out and "eval.data_dir" in out and "model.source" in out and "eval.max_pairs" in out
+
+
+def test_yaml_weights_replace_the_default_mix(tmp_path):
+    path = write(tmp_path, "objective:\n  weights: {cosent: 1.0}\n  cosent: {tau: 10}\n")
+    cfg = load_config(Job, path)
+    assert cfg.objective.weights == {"cosent": 1.0} and cfg.objective.cosent.tau == 10.0
