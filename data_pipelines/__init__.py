@@ -1,1 +1,1 @@
-"""data_pipelines."""
+"""Ray Data readers, record schemas and validation, and the generators/annotators (teacher scoring)."""

@@ -25,8 +25,9 @@ def build_tiny_model(kind: str = "bert") -> Path:
     """Build (once, deterministically) a tiny model under the raoe cache and return its folder."""
     from encoders.sources import ModelSourceError, building, cache_root
 
-    if kind != "bert":
-        raise ModelSourceError(f"unknown tiny model 'tiny:{kind}'; known: ['tiny:bert']")
+    seeds = {"bert": 0, "bert-alt": 1}  # two different random encoders (e.g. two tiny teachers)
+    if kind not in seeds:
+        raise ModelSourceError(f"unknown tiny model 'tiny:{kind}'; known: {['tiny:' + k for k in seeds]}")
     target = cache_root() / "models" / f"tiny-{kind}"
     if (target / ".complete").exists():
         return target
@@ -41,6 +42,6 @@ def build_tiny_model(kind: str = "bert") -> Path:
             vocab_size=len(_vocab()), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=64, max_position_embeddings=128,
         )
-        torch.manual_seed(0)
+        torch.manual_seed(seeds[kind])
         BertModel(config).save_pretrained(staging)
     return target

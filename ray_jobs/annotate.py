@@ -1,0 +1,96 @@
+"""Score every NLI pair with each teacher (cosine of the two sentence embeddings) and write the enhanced NLI
+set: text1, text2, label, similarity S = mean over teachers (RAOE Appendix A), plus s_<teacher> columns.
+
+  python ray_jobs/annotate.py --config configs/annotate/snli-dev-test.yaml [--set key=value ...]
+"""
+
+import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
+from pydantic import Field, field_validator
+
+from data_pipelines.teachers import TeacherConfig
+from jobconfig import parse_job_args
+from jobconfig.schema import DataConfig, Section, TrackingConfig
+from runtime.result import run_job
+
+
+class AnnotateInput(DataConfig):
+    splits: list[str] = Field(default_factory=list, description="SentEval NLI splits to read (e.g. [dev, test])")
+
+
+class AnnotateJobConfig(Section):
+    data: AnnotateInput = Field(default_factory=AnnotateInput)
+    teachers: list[TeacherConfig] = Field(default_factory=list, description="teacher models (name, source, kind, ...)")
+    output_dir: str = Field("outputs/annotated", description="where the scored set and its plot go")
+    output_format: str = Field("parquet", pattern="^(parquet|jsonl)$", description="parquet or jsonl")
+    batch_rows: int = Field(256, ge=1, description="pairs per map_batches call")
+    tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-annotate"))
+
+    @field_validator("teachers")
+    @classmethod
+    def _some_teachers(cls, teachers):
+        if not teachers:
+            raise ValueError("at least one teacher is needed")
+        names = [t.name for t in teachers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"teacher names must be unique, got {names}")
+        return teachers
+
+
+def main(cfg: AnnotateJobConfig) -> dict:
+    import shutil
+    import time
+    from pathlib import Path
+
+    import mlflow
+
+    from data_pipelines.annotate import plot_distribution, summarise
+    from data_pipelines.readers import load_corpus
+    from data_pipelines.teachers import add_teacher_scores
+    from runtime.local_ray import ray_session
+    from runtime.tracking_store import ensure_experiment
+
+    if not cfg.data.train:
+        raise ValueError("data.train must name the NLI pairs to annotate")
+    out = Path(cfg.output_dir).resolve()
+    experiment_id = ensure_experiment(cfg.tracking.experiment)
+    started = time.time()
+    with ray_session():
+        datasets, reports = [], []
+        for split in cfg.data.splits or [cfg.data.split]:
+            ds, report = load_corpus(
+                "pairs", cfg.data.train, fmt=cfg.data.format, split=split, max_rows=cfg.data.max_rows,
+                on_bad_record=cfg.data.on_bad_record, quarantine_path=out / f"quarantine-{split or 'all'}.jsonl",
+            )
+            datasets.append(ds)
+            reports.append(report)
+        ds = datasets[0].union(*datasets[1:]) if len(datasets) > 1 else datasets[0]
+        print(f"scoring {sum(r.rows_written for r in reports)} pairs with {len(cfg.teachers)} teacher(s) ...", flush=True)
+        scored = add_teacher_scores(ds, cfg.teachers, cfg.batch_rows).materialize()
+        shutil.rmtree(out / "data", ignore_errors=True)
+        if cfg.output_format == "parquet":
+            scored.write_parquet(str(out / "data"))
+        else:
+            scored.write_json(str(out / "data"))
+        frame = scored.select_columns(["label", "similarity", *[f"s_{t.name}" for t in cfg.teachers]]).to_pandas()
+    seconds = time.time() - started
+    stats = summarise(frame, [t.name for t in cfg.teachers])
+    plot = plot_distribution(frame, out / "s_distribution.png")
+    counts = {k: sum(getattr(r, k) for r in reports) for k in ("rows_in", "rows_written", "rows_quarantined",
+                                                                 "rows_without_gold")}
+    quarantine = [r.quarantine_path for r in reports if r.quarantine_path]
+    with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
+        mlflow.log_params({"data.train": cfg.data.train, "teachers": ",".join(t.source for t in cfg.teachers)})
+        mlflow.log_metrics({**{k: float(v) for k, v in counts.items()}, "pairs_per_second": len(frame) / seconds})
+        mlflow.log_dict(stats, "s_statistics.json")
+        mlflow.log_artifact(str(plot))
+    return {
+        "output_path": str(out / "data"), "output_format": cfg.output_format, **counts,
+        "quarantine_path": quarantine[0] if len(quarantine) == 1 else (quarantine or None),
+        "pairs_per_second": len(frame) / seconds, "seconds": seconds, "statistics": stats, "plot": str(plot),
+        "run_id": run.info.run_id,
+    }
+
+
+if __name__ == "__main__":
+    config = parse_job_args(AnnotateJobConfig, __doc__)
+    run_job(lambda: main(config), "annotate")
