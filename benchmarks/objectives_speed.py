@@ -78,8 +78,8 @@ def measure_one(name: str, batch: int, repeats: int) -> dict:
         loss.backward()
         return loss
 
-    step()  # warm-up
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # inputs exist; nothing of the loss yet
+    step()  # warm-up (counts towards the peak)
     times = []
     for _ in range(repeats):
         t = time.perf_counter()

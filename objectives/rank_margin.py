@@ -45,5 +45,5 @@ def _sorted(cos: torch.Tensor, scores: torch.Tensor, margin: float, tau: float) 
     ranks = torch.searchsorted(sorted_scores, sorted_scores, side="left").to(torch.float64)
     c = cos[order]
     first = torch.searchsorted(ranks, ranks + margin, side="right")  # first position with r_j > r_i + I
-    per_i = tau * c + suffix_logsumexp(-tau * c)[first]
-    return log1p_sum_exp(per_i[first < c.numel()])
+    per_i = tau * c + suffix_logsumexp(-tau * c)[first]  # -inf where no j qualifies: adds exp(-inf) = 0
+    return log1p_sum_exp(per_i)
