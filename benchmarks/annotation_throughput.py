@@ -79,7 +79,8 @@ def main() -> None:
         "# Annotation throughput: Ray Data teacher pools vs direct encoding", "",
         f"Machine: {machine()}; config {args.config}; {'quick (1,000 pairs per split)' if args.quick else 'full'}.", "",
         "| path | pairs | seconds | pairs/s |", "|---|---|---|---|",
-        f"| annotate job (Ray Data, wall incl. start-up) | {job['rows_written']} | {job['wall_seconds']:.1f} | {job_pps:.1f} |",
+        f"| annotate job (Ray Data, wall incl. start-up) | {job['rows_written']} | {job['wall_seconds']:.1f} "
+        f"| {job_pps:.1f} |",
         f"| teachers directly, one process | {ref['pairs']} | {ref['seconds']:.1f} | {ref_pps:.1f} |", "",
         f"Ratio job/direct: {job_pps / ref_pps:.2f}x (goal >= 0.9x). Max |S_job - S_direct| = {ref['max_abs_diff_S']:.2e}.",
         "", "S per label: " + ", ".join(f"{k}: mean {v['mean']:.3f} (std {v['std']:.3f}, n={v['count']})"

@@ -86,8 +86,8 @@ def measure_one(name: str, batch: int, repeats: int) -> dict:
         step()
         times.append(time.perf_counter() - t)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"objective": name, "batch": batch, "seconds": statistics.median(times), "peak_rss_increase_mb": (peak - before) / 1024,
-            "repeats": repeats}
+    return {"objective": name, "batch": batch, "seconds": statistics.median(times),
+            "peak_rss_increase_mb": (peak - before) / 1024, "repeats": repeats}
 
 
 def run_in_subprocess(name: str, batch: int, repeats: int) -> dict:

@@ -93,7 +93,8 @@ def load_corpus(
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target, "w", encoding="utf-8") as out:
             for r in bad:
-                out.write(json.dumps({"source": r["source"], "line": r["line"], "reason": r["error"], "raw": r["raw"]}) + "\n")
+                entry = {"source": r["source"], "line": r["line"], "reason": r["error"], "raw": r["raw"]}
+                out.write(json.dumps(entry) + "\n")
         report.quarantine_path = str(target.resolve())
     good = records.filter(lambda r: r["error"] is None).select_columns(list(FIELDS[kind]))
     return good, report

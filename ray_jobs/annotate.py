@@ -4,9 +4,9 @@ set: text1, text2, label, similarity S = mean over teachers (RAOE Appendix A), p
   python ray_jobs/annotate.py --config configs/annotate/snli-dev-test.yaml [--set key=value ...]
 """
 
-import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from pydantic import Field, field_validator
 
+import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from data_pipelines.teachers import TeacherConfig
 from jobconfig import parse_job_args
 from jobconfig.schema import DataConfig, Section, TrackingConfig

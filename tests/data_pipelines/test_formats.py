@@ -109,7 +109,8 @@ def test_sts_csv_scores_become_similarity_over_5(tmp_path):
 
 def test_sentences_ranked_lists_and_triples(tmp_path):
     txt = write(tmp_path / "wiki.txt", "first sentence\n\nsecond sentence\n")
-    assert [(r["text"], r["line"]) for r in parse("sentences", "txt", txt)] == [("first sentence", 1), ("second sentence", 3)]
+    got = [(r["text"], r["line"]) for r in parse("sentences", "txt", txt)]
+    assert got == [("first sentence", 1), ("second sentence", 3)]
     lists = write(tmp_path / "l.jsonl", '{"sentences": ["seed", "near", "far"]}\n{"sentences": ["only"]}\n')
     out = list(parse("lists", "jsonl", lists))
     assert out[0]["sentences"] == ["seed", "near", "far"] and "at least 2" in out[1]["error"]
