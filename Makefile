@@ -33,7 +33,8 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 bench: install
-	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.run_all
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/objectives_speed.py $(BENCH_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/annotation_throughput.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) mlruns mlflow.db raoe_runs .pytest_cache
