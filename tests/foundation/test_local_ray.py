@@ -24,6 +24,8 @@ def test_local_ray_binds_to_loopback_and_stops():
 
     from runtime.local_ray import ray_session
 
+    if ray.is_initialized():  # another test module's Ray: this test needs one it starts itself
+        ray.shutdown()
     me = psutil.Process()
     with ray_session(num_cpus=1):
         assert ray.get(ray.remote(lambda: 41 + 1).remote()) == 42
