@@ -44,6 +44,11 @@ def _json_records(path: Path) -> Iterator[tuple[int, str, dict | None, str | Non
         yield number, text, value, None
 
 
+def _bad(source: str | Path, line: int, reason: str, raw: str) -> Row:
+    """A bad record: where it is, what is wrong, and its text for the quarantine file."""
+    return {"source": str(source), "line": line, "error": reason, "raw": raw[:2000]}
+
+
 def _guard(convert: Callable[[], Row], source: str, line: int, raw: str) -> Row:
     try:
         fields = convert()
@@ -51,14 +56,14 @@ def _guard(convert: Callable[[], Row], source: str, line: int, raw: str) -> Row:
             return {"source": source, "line": line, "error": None, "raw": raw[:2000], "skipped": True}
         return {**fields, "source": source, "line": line, "error": None, "raw": None}
     except RecordError as exc:
-        return {"source": source, "line": line, "error": str(exc), "raw": raw[:2000]}
+        return _bad(source, line, str(exc), raw)
 
 
 def _records(path: Path, convert: Callable[[dict], Row | None]) -> Iterator[Row]:
     """JSON-lines files through ``convert`` (None = not a record, e.g. SNLI's '-' gold label)."""
     for number, raw, value, error in _json_records(path):
         if error:
-            yield {"source": str(path), "line": number, "error": error, "raw": raw[:2000]}
+            yield _bad(path, number, error, raw)
             continue
         yield _guard(lambda v=value: convert(v), str(path), number, raw)
 
@@ -102,7 +107,7 @@ def _stsb_csv(path: Path) -> Iterator[Row]:
                 continue
             raw = json.dumps(row)
             if len(row) != 3:
-                yield {"source": str(path), "line": number, "error": f"expected 3 fields, got {len(row)}", "raw": raw}
+                yield _bad(path, number, f"expected 3 fields, got {len(row)}", raw)
                 continue
             yield _guard(lambda r=row: sts_record(r[0], r[1], r[2]), str(path), number, raw)
 
@@ -111,12 +116,11 @@ def _senteval_sts(path: Path) -> Iterator[Row]:
     """SentEval sts-*.csv: tab-separated genre, file, year, id, score, s1, s2."""
     for number, text, error in _lines(path):
         if error:
-            yield {"source": str(path), "line": number, "error": error, "raw": ""}
+            yield _bad(path, number, error, "")
             continue
         parts = text.split("\t")
         if len(parts) < 7:
-            yield {"source": str(path), "line": number, "error": f"expected 7 tab-separated fields, got {len(parts)}",
-                   "raw": text}
+            yield _bad(path, number, f"expected 7 tab-separated fields, got {len(parts)}", text)
             continue
         yield _guard(lambda p=parts: sts_record(p[5], p[6], p[4]), str(path), number, text)
 
@@ -124,7 +128,7 @@ def _senteval_sts(path: Path) -> Iterator[Row]:
 def _sentences_txt(path: Path) -> Iterator[Row]:
     for number, text, error in _lines(path):
         if error:
-            yield {"source": str(path), "line": number, "error": error, "raw": ""}
+            yield _bad(path, number, error, "")
         else:
             yield {"text": text, "source": str(path), "line": number, "error": None, "raw": None}
 

@@ -30,11 +30,6 @@ def suffix_logsumexp(values: torch.Tensor) -> torch.Tensor:
     return torch.cat([suffix, empty])
 
 
-def pair_cosine(e1: torch.Tensor, e2: torch.Tensor) -> torch.Tensor:
-    """Cosine of row i of e1 with row i of e2."""
-    return F.cosine_similarity(e1, e2, dim=-1)
-
-
 def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """All-pairs cosine similarity, [len(a), len(b)]."""
     return F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
