@@ -61,12 +61,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--config", default="configs/annotate/snli-dev-test.yaml")
+    parser.add_argument("--keep", metavar="DIR", help="write the job's output here and keep it (e.g. the config's "
+                        "output_dir, so the scored set can be trained on)")
     args = parser.parse_args()
     from benchmarks.common import machine, write_results
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory() as tmp:
-        job = run_job(args.config, 1000 if args.quick else None, Path(tmp) / "out")
+        job = run_job(args.config, 1000 if args.quick else None, Path(args.keep or Path(tmp) / "out").resolve())
         ref = direct(args.config, job["output_path"])
     job_pps = job["rows_written"] / job["wall_seconds"]
     ref_pps = ref["pairs"] / ref["seconds"]

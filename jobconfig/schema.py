@@ -40,6 +40,9 @@ class TrainerConfig(Section):
     use_gpu: bool = Field(False)
     eval_every: int = Field(50, ge=1, description="steps between STS-B dev evaluations and checkpoints")
     max_failures: int = Field(0, ge=-1, description="worker-group restarts from the last checkpoint (-1 = forever)")
+    threads_per_worker: int | None = Field(None, ge=1, description="torch threads per worker; null = torch's default")
+    keep_checkpoints: int = Field(2, ge=1, description="best checkpoints kept by dev Spearman (the latest is kept too)")
+    storage_path: str = Field("raoe_runs", description="Ray Train storage for checkpoints (local path, s3://, gs://)")
 
 
 class DataConfig(Section):
@@ -106,3 +109,25 @@ class TrackingConfig(Section):
     experiment: str = Field("raoe", description="MLflow experiment")
     run_name: str | None = Field(None, description="MLflow run name; resubmitting the same name resumes it")
     registered_model: str | None = Field(None, description="registry name (default raoe-s1 / raoe-s2 by stage)")
+
+
+class TrainJobConfig(Section):
+    """Stage 1: NLI pairs with S, the RAOE composite (paper defaults: I=2, tau=20, w=1,1, lr 5e-5, 512, 5 epochs)."""
+
+    stage: Literal["stage1", "stage2"] = Field("stage1", description="stage1 (NLI with S) or stage2 (STS-B train)")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+    eval: EvalConfig = Field(default_factory=lambda: EvalConfig(tasks=["STSBenchmark"], stsb_split="dev"),
+                             description="STS-B dev selects checkpoints; eval.max_pairs subsamples it")
+    tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-train"))
+    output_dir: str = Field("outputs/models", description="the best model is exported under <output_dir>/<run name>")
+
+
+class Stage2JobConfig(TrainJobConfig):
+    """Stage 2: STS-B train with S = score / 5, rank margin only, 10 epochs, from a Stage 1 model."""
+
+    stage: Literal["stage1", "stage2"] = Field("stage2", description="stage1 (NLI with S) or stage2 (STS-B train)")
+    trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(epochs=10.0))
+    objective: ObjectiveConfig = Field(default_factory=lambda: ObjectiveConfig(weights=dict(PRESETS["raoe_s2"])))

@@ -1,0 +1,129 @@
+"""The trainable sentence encoder: a transformers backbone plus pooling, held as a sentence-transformers model.
+
+Training and inference share one module stack (``Transformer`` -> ``Pooling``), so the exported folder
+gives, under ``SentenceTransformer(path)``, exactly the embeddings the training loop computed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# raoe's pooling names -> sentence-transformers' Pooling modes
+POOLING_MODES = {"mean": "mean", "cls": "cls", "last_token": "lasttoken"}
+RAOE_META = "raoe_encoder.json"
+
+
+def dropout_overrides(model_path: str, dropout: float | None) -> dict[str, float]:
+    """Every float ``*dropout*`` field of the backbone's config set to ``dropout`` (architectures name them
+    differently: BERT hidden/attention_probs, ModernBERT embedding/mlp/attention, Qwen attention)."""
+    if dropout is None:
+        return {}
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    return {k: dropout for k, v in config.to_dict().items() if "dropout" in k and isinstance(v, float)}
+
+
+def prompt_prefix(prompt: str | None) -> str | None:
+    """The text before ``{text}`` when the template is a pure prefix (what sentence-transformers' prompts
+    can carry), else None."""
+    if prompt is None:
+        return None
+    if prompt.count("{text}") != 1:
+        raise ValueError(f"model.prompt must contain '{{text}}' exactly once, got {prompt!r}")
+    return prompt.split("{text}")[0] if prompt.endswith("{text}") else None
+
+
+def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 64, dropout: float | None = None,
+                  prompt: str | None = None, device: str = "cpu"):
+    """A SentenceTransformer [Transformer, Pooling] over the backbone at ``model_path`` (an HF folder or an
+    exported raoe/sentence-transformers folder, whose Transformer weights sit at its root)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    if pooling not in POOLING_MODES:
+        raise ValueError(f"model.pooling must be one of {sorted(POOLING_MODES)}, got {pooling!r}")
+    prefix = prompt_prefix(prompt)
+    transformer = Transformer(model_path, max_seq_length=max_length,
+                              config_kwargs=dropout_overrides(model_path, dropout) or None)
+    tokenizer = transformer.tokenizer
+    if tokenizer.pad_token is None:  # causal LMs ship without one
+        tokenizer.pad_token = tokenizer.eos_token
+    dim = transformer.get_embedding_dimension() if hasattr(transformer, "get_embedding_dimension") else (
+        transformer.auto_model.config.hidden_size)
+    for name, param in transformer.auto_model.named_parameters():
+        if name.startswith("pooler."):  # BERT's pooler is not on the embedding's path: a frozen, gradient-free
+            param.requires_grad_(False)  # parameter would stall DDP's gradient all-reduce
+    pool = Pooling(dim, pooling_mode=POOLING_MODES[pooling])
+    prompts = {"sentence": prefix} if prefix else None
+    model = SentenceTransformer(modules=[transformer, pool], device=device, prompts=prompts,
+                                default_prompt_name="sentence" if prefix else None)
+    model.raoe_prompt = prompt
+    return model
+
+
+def apply_prompt(texts: list[str], prompt: str | None) -> list[str]:
+    return list(texts) if not prompt else [prompt.replace("{text}", t) for t in texts]
+
+
+def encode_features(model, texts: list[str], device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Tokenised, dynamically padded inputs (to the longest text of this batch, at most max_length)."""
+    features = model.preprocess(apply_prompt(texts, getattr(model, "raoe_prompt", None)))
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+
+
+def embed(module, model, texts: list[str], device: str | torch.device = "cpu") -> torch.Tensor:
+    """Sentence embeddings with gradient. ``module`` is what runs the forward (the model itself, or its
+    DDP/DeepSpeed wrapper); ``model`` is the bare SentenceTransformer (for its tokenizer)."""
+    return module(encode_features(model, texts, device))["sentence_embedding"]
+
+
+def text_ids(texts: list[str]) -> torch.Tensor:
+    """Stable 63-bit ids of texts, equal across workers and processes (AnglE's in-batch negatives must not
+    count a duplicate of the positive as a negative)."""
+    ids = [int.from_bytes(hashlib.blake2b(t.encode("utf-8"), digest_size=8).digest(), "little") >> 1 for t in texts]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def export_encoder(model, path: str | Path, meta: dict[str, Any] | None = None) -> Path:
+    """Save in sentence-transformers format (modules.json, pooling config, prompts) plus raoe's metadata."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save(str(path), create_model_card=False)
+    info = {"prompt": getattr(model, "raoe_prompt", None), **(meta or {})}
+    (path / RAOE_META).write_text(json.dumps(info, indent=2, default=str))
+    return path
+
+
+def load_encoder(path: str | Path, device: str = "cpu"):
+    """Load an exported model for inference; restores a prompt template that sentence-transformers' prefix
+    prompts cannot express."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(path), device=device)
+    meta = Path(path) / RAOE_META
+    model.raoe_prompt = json.loads(meta.read_text()).get("prompt") if meta.exists() else None
+    return model
+
+
+def encode_texts(model, texts: list[str], batch_size: int = 64) -> "np.ndarray":  # noqa: F821
+    """Inference embeddings (numpy), length-sorted batches, no gradient, with raoe's prompt template."""
+    import numpy as np
+
+    was_training = model.training
+    model.eval()
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    out = [None] * len(texts)
+    with torch.no_grad():
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            emb = embed(model, model, [texts[i] for i in idx], model.device).float().cpu().numpy()
+            for i, e in zip(idx, emb):
+                out[i] = e
+    model.train(was_training)
+    return np.stack(out) if out else np.zeros((0, 0), dtype=np.float32)

@@ -1,0 +1,38 @@
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_NLI = ROOT / "configs" / "tiny" / "data" / "nli_pairs.jsonl"
+
+
+@pytest.fixture(scope="package")
+def train_env(tmp_path_factory):
+    """A private MLflow store and run storage for the training tests, and one local Ray (2 CPUs)."""
+    from runtime.local_ray import ray_session
+
+    root = tmp_path_factory.mktemp("train")
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "RAOE_MLFLOW_ARTIFACTS")}
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / 'mlflow.db'}"
+    os.environ["RAOE_MLFLOW_ARTIFACTS"] = str(root / "artifacts")
+    with ray_session(num_cpus=2):
+        yield root
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def tiny_config(root: Path, name: str, *overrides: str, stage: str = "stage1"):
+    """configs/tiny/<stage>.yaml with test paths: no dev evaluation unless asked, dropout 0."""
+    from jobconfig import load_config
+    from jobconfig.schema import Stage2JobConfig, TrainJobConfig
+
+    model = Stage2JobConfig if stage == "stage2" else TrainJobConfig
+    base = [f"tracking.run_name={name}", f"trainer.storage_path={root / 'runs'}", f"output_dir={root / 'models'}",
+            f"eval.data_dir={root / 'no-dev-data'}", "model.dropout=0.0", "tracking.experiment=raoe-test"]
+    if stage == "stage1":
+        base.append(f"data.train={TINY_NLI}")
+    return load_config(model, ROOT / "configs" / "tiny" / f"{stage}.yaml", base + list(overrides))

@@ -1,0 +1,209 @@
+"""The per-worker training loop (Ray Train's ``train_loop_per_worker``).
+
+Each worker reads its shard, embeds both sides of its micro-batch, all-gathers the embeddings with gradient
+so the composite objective sees the global batch, and steps its strategy. Rank 0 evaluates STS-B dev every
+``eval_every`` steps; every worker then reports the metrics with a checkpoint (model in sentence-transformers
+format, optimizer, scheduler, step) that a restarted worker group resumes from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FAULT_ENV = "RAOE_FAULT_AT_STEP"  # tests: the last worker kills its own process after this step, once
+MODEL_DIR = "model"
+PROGRESS_FILE = "progress.json"  # step, best dev and the dev curve, readable without torch or DeepSpeed
+DEV_METRIC = "stsb_dev_spearman"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch.manual_seed(seed)
+
+
+def _column(batch: dict[str, np.ndarray], name: str) -> np.ndarray | None:
+    """A batch column, or None when the data does not carry it (e.g. no labels in STS data, no S yet)."""
+    values = batch.get(name)
+    if values is None or any(v is None or (isinstance(v, float) and np.isnan(v)) for v in values):
+        return None
+    return values
+
+
+def embedding_batch(module, model, batch: dict[str, np.ndarray], device, autocast=None):
+    """The global EmbeddingBatch for this micro-batch: local embeddings (bf16 autocast only around the
+    encoder, never the objective), gathered with gradient."""
+    from encoders.backbone import embed, text_ids
+    from objectives.gather import gather_no_grad, gather_with_grad
+    from objectives.registry import EmbeddingBatch
+
+    text1, text2 = [str(t) for t in batch["text1"]], [str(t) for t in batch["text2"]]
+    with autocast or contextlib.nullcontext():
+        both = embed(module, model, text1 + text2, device)  # one forward: one padding, one DDP pass
+    both = both.float()
+    e1, e2 = both[: len(text1)], both[len(text1):]
+    scores, labels = _column(batch, "similarity"), _column(batch, "label")
+    return EmbeddingBatch(
+        emb1=gather_with_grad(e1), emb2=gather_with_grad(e2),
+        scores=None if scores is None else gather_no_grad(torch.tensor(scores.astype(np.float32), device=device)),
+        labels=None if labels is None else gather_no_grad(torch.tensor(labels.astype(np.int64), device=device)),
+        ids1=gather_no_grad(text_ids(text1).to(device)), ids2=gather_no_grad(text_ids(text2).to(device)),
+    )
+
+
+def _epoch_batches(shard, plan, seed: int, epoch: int, rank: int):
+    return shard.iter_batches(
+        batch_size=plan.micro_batch, batch_format="numpy", drop_last=True,
+        local_shuffle_buffer_size=min(plan.rows_per_worker, 10_000), local_shuffle_seed=seed + 1000 * epoch + rank,
+    )
+
+
+class Evaluator:
+    """STS-B dev Spearman on rank 0 through the evaluation suite's own code path."""
+
+    def __init__(self, cfg: dict[str, Any]):
+        self.cfg = cfg
+
+    def __call__(self, model) -> float | None:
+        if not self.cfg.get("select"):
+            return None
+        from encoders.backbone import encode_texts
+        from evaluation.sts import stsb_dev_spearman
+
+        return stsb_dev_spearman(lambda s: encode_texts(model, s, self.cfg["batch_size"]), self.cfg["data_dir"],
+                                 max_pairs=self.cfg.get("max_pairs"))
+
+
+class MetricsLog:
+    """Per-step metrics from rank 0 straight to the job's MLflow run (Train v2 takes no logger callbacks)."""
+
+    def __init__(self, cfg: dict[str, Any] | None):
+        self.client = None
+        if cfg and cfg.get("run_id"):
+            from mlflow import MlflowClient
+
+            self.client, self.run_id = MlflowClient(cfg["tracking_uri"]), cfg["run_id"]
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self.client is None:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()
+                                                      if v is not None])
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    import ray.train
+
+    from encoders.backbone import build_encoder, export_encoder
+    from objectives.registry import CompositeObjective
+    from training.plan import StepPlan
+    from training.strategy import STRATEGIES
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    trainer_cfg, model_cfg = config["trainer"], config["model"]
+    plan = StepPlan(**config["plan"])
+    torch.set_num_threads(max(1, int(config.get("threads_per_worker") or torch.get_num_threads())))
+    seed_everything(trainer_cfg["seed"])
+
+    checkpoint = ray.train.get_checkpoint()
+    device = ray.train.torch.get_device() if trainer_cfg["use_gpu"] else torch.device("cpu")
+    with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as resume_dir:
+        model_path = str(Path(resume_dir) / MODEL_DIR) if resume_dir else config["model_path"]
+        model = build_encoder(model_path, pooling=model_cfg["pooling"], max_length=model_cfg["max_length"],
+                              dropout=model_cfg["dropout"], prompt=model_cfg["prompt"], device=str(device))
+        model.train()
+        strategy = STRATEGIES[trainer_cfg["strategy"]](model, trainer_cfg, plan, world)
+        state = strategy.load(Path(resume_dir)) if resume_dir else {}
+    step, best, history = int(state.get("step", 0)), state.get("best"), list(state.get("history", []))
+    resumed_at = step if resume_dir else None
+
+    objective = CompositeObjective(config["objective"]["weights"], config["objective"]["params"])
+    evaluator, metrics_log = Evaluator(config["eval"]), MetricsLog(config.get("mlflow") if rank == 0 else None)
+    shard = ray.train.get_dataset_shard("train")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(trainer_cfg["bf16"]))
+    fault_step = int(os.environ.get(FAULT_ENV, "0") or 0)
+    print_every = max(1, plan.total_steps // 50)
+    if rank == 0:
+        print(f"[raoe] {world} worker(s), {strategy.name}, {plan.total_steps} steps of {plan.global_batch} pairs "
+              f"({plan.micro_batch} per worker x {plan.grad_accum} accumulation)"
+              + (f", resuming after step {step}" if resume_dir else ""), flush=True)
+
+    last_loss, parts_sum, started = None, {}, time.perf_counter()
+    while step < plan.total_steps:
+        epoch, skip = plan.position(step)
+        used = 0
+        loss_sum, parts_sum = 0.0, {}
+        for index, batch in enumerate(_epoch_batches(shard, plan, trainer_cfg["seed"], epoch, rank)):
+            if index < skip or used >= plan.steps_per_epoch * plan.grad_accum or step >= plan.total_steps:
+                continue  # before the resume position, or past this epoch's steps: drain the shard evenly
+            used += 1
+            last_micro = used % plan.grad_accum == 0
+            with strategy.sync_context(last_micro):
+                loss, parts = objective(embedding_batch(strategy.module, model, batch, device, autocast))
+                strategy.backward(loss)
+            strategy.micro_step()
+            loss_sum += float(loss.detach()) / plan.grad_accum
+            for k, v in parts.items():
+                parts_sum[k] = parts_sum.get(k, 0.0) + float(v.detach()) / plan.grad_accum
+            if not last_micro:
+                continue
+            strategy.step()
+            step += 1
+            last_loss, loss_sum = loss_sum, 0.0
+            elapsed = time.perf_counter() - started
+            metrics = {"train_loss": last_loss, "lr": strategy.lr(), **{f"loss/{k}": v for k, v in parts_sum.items()},
+                       "pairs_per_second": plan.global_batch * (step - (resumed_at or 0)) / max(elapsed, 1e-9)}
+            parts_sum = {}
+            metrics_log.log(metrics, step)
+            if rank == 0 and (step % print_every == 0 or step == plan.total_steps):
+                print(f"[raoe] step {step}/{plan.total_steps} loss {last_loss:.4f} lr {metrics['lr']:.2e} "
+                      f"{metrics['pairs_per_second']:.1f} pairs/s", flush=True)
+            if step % trainer_cfg["eval_every"] == 0 or step == plan.total_steps:
+                best, history = _evaluate_and_report(
+                    model, strategy, evaluator, metrics_log, rank, step, last_loss, best, history, plan, export_encoder,
+                    config,
+                )
+            if fault_step and resumed_at is None and step == fault_step and rank == world - 1:
+                print(f"[raoe] {FAULT_ENV}={fault_step}: killing worker {rank} (pid {os.getpid()})", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+    if resumed_at is not None and resumed_at >= plan.total_steps and rank == 0:
+        print(f"[raoe] run already complete at step {resumed_at}", flush=True)
+
+
+def _evaluate_and_report(model, strategy, evaluator, metrics_log, rank, step, train_loss, best, history, plan,
+                         export_encoder, config):
+    import ray.train
+
+    dev = evaluator(model) if rank == 0 else None
+    if dev is not None:
+        best = dev if best is None else max(best, dev)
+        print(f"[raoe] step {step}: STS-B dev Spearman {dev:.2f} (best {best:.2f})", flush=True)
+        metrics_log.log({DEV_METRIC: dev}, step)
+    history = history + [{"step": step, DEV_METRIC: dev, "train_loss": train_loss}]
+    metrics = {"step": step, "train_loss": train_loss, DEV_METRIC: dev if dev is not None else float(step),
+               "best_" + DEV_METRIC: best, "total_steps": plan.total_steps}
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        state = {"step": step, "best": best, "history": history}
+        if rank == 0:
+            export_encoder(model, folder / MODEL_DIR, {"step": step, DEV_METRIC: dev})
+            (folder / PROGRESS_FILE).write_text(json.dumps(state))
+        wrote = strategy.save(folder, rank, state) or rank == 0
+        checkpoint = ray.train.Checkpoint.from_directory(str(folder)) if wrote else None
+        ray.train.report(metrics, checkpoint=checkpoint)
+    return best, history

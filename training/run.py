@@ -1,0 +1,227 @@
+"""The driver side of a training job: validate everything, read the corpus with Ray Data, run the Ray Train
+worker group, export the best checkpoint, and log and register it in MLflow."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from jobconfig.schema import TrainJobConfig, objective_params
+from training.loop import DEV_METRIC, MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
+from training.plan import plan_steps
+
+DATA_KIND = {"stage1": "pairs", "stage2": "sts"}
+# What each data kind puts into the EmbeddingBatch (pairs may lack S until annotated; checked on the data).
+PROVIDES = {"pairs": ("emb1", "emb2", "labels", "scores", "ids1", "ids2"), "sts": ("emb1", "emb2", "scores", "ids1",
+                                                                                     "ids2")}
+
+
+def check_objective_fits(weights: dict[str, float], params: dict[str, dict], provided: tuple[str, ...]) -> None:
+    """Run the composite once on a 4-pair dummy batch carrying only the fields this data provides, so a
+    mismatch (e.g. gated_angle on STS data without labels) fails before any Ray resource is taken."""
+    from objectives.registry import CompositeObjective, EmbeddingBatch
+
+    g = torch.Generator().manual_seed(0)
+    dummy = {"emb1": torch.randn(4, 8, generator=g), "emb2": torch.randn(4, 8, generator=g),
+             "labels": torch.tensor([0, 1, 2, 0]), "scores": torch.tensor([0.9, 0.5, 0.1, 0.7]),
+             "ids1": torch.arange(4), "ids2": torch.arange(4, 8)}
+    try:
+        CompositeObjective(weights, params)(EmbeddingBatch(**{k: dummy[k] for k in provided}))
+    except ValueError as exc:
+        raise ValueError(f"objective.weights {weights} do not fit this data: {exc}") from None
+
+
+def resolve_start_model(cfg: TrainJobConfig) -> str:
+    """model.init_from (a path or an MLflow model URI) wins over model.source."""
+    from encoders.sources import resolve_model_source
+    from tracking.registry import download_model, is_model_uri
+
+    if cfg.model.init_from:
+        if is_model_uri(cfg.model.init_from):
+            return download_model(cfg.model.init_from)
+        return resolve_model_source(cfg.model.init_from)
+    return resolve_model_source(cfg.model.source)
+
+
+def default_run_name(stage: str) -> str:
+    return f"{stage}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+
+
+def plot_dev_curve(history: list[dict[str, Any]], path: Path) -> Path | None:
+    points = [(h["step"], h[DEV_METRIC]) for h in history if h.get(DEV_METRIC) is not None]
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot(*zip(*points), marker="o")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("STS-B dev Spearman x100")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in config.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def run_training(cfg: TrainJobConfig) -> dict[str, Any]:
+    """Train, export, log and register; returns the job's JSON-line payload."""
+    import mlflow
+    import ray.data
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from data_pipelines.readers import load_corpus
+    from evaluation.sts import load_task
+    from runtime.local_ray import ray_session
+    from runtime.tracking_store import ensure_experiment, tracking_uri
+    from tracking.registry import REGISTERED, log_and_register, run_for_name
+
+    started = time.time()
+    kind = DATA_KIND[cfg.stage]
+    params = objective_params(cfg.objective)
+    check_objective_fits(cfg.objective.weights, params, PROVIDES[kind])
+    if not cfg.data.train:
+        raise ValueError("data.train must name the training data (a file or folder)")
+    model_path = resolve_start_model(cfg)
+    dev_available = load_task(cfg.eval.data_dir, "STSBenchmark", "dev") is not None
+    if not dev_available:
+        print(f"[raoe] no STS-B dev under eval.data_dir={cfg.eval.data_dir!r}: keeping the last checkpoint", flush=True)
+    run_name = cfg.tracking.run_name or default_run_name(cfg.stage)
+    registered = cfg.tracking.registered_model or REGISTERED[cfg.stage]
+    storage = cfg.trainer.storage_path
+    storage = storage if "://" in storage else str(Path(storage).resolve())
+
+    experiment_id = ensure_experiment(cfg.tracking.experiment)
+    run_id, resumed = run_for_name(experiment_id, run_name, {"raoe.stage": cfg.stage})
+    resolved = cfg.model_dump()
+    mlflow.set_tracking_uri(tracking_uri())
+    with mlflow.start_run(run_id=run_id):
+        if not resumed:
+            mlflow.log_params({k: str(v)[:500] for k, v in _flat(resolved).items()})
+            mlflow.log_dict(resolved, "config.json")
+        with ray_session():
+            ray.data.DataContext.get_current().enable_progress_bars = False  # the loop prints its own progress
+            ds, report = load_corpus(kind, cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
+                                     max_rows=cfg.data.max_rows, on_bad_record=cfg.data.on_bad_record,
+                                     quarantine_path=Path(cfg.output_dir) / run_name / "quarantine.jsonl")
+            if "scores" in _needs(cfg.objective.weights, params, kind):
+                missing = ds.filter(lambda r: r["similarity"] is None).count()
+                if missing:
+                    raise ValueError(f"{missing} of {report.rows_written} training pairs have no similarity S; "
+                                     f"annotate them first (ray_jobs/annotate.py) or pick objectives without S")
+            plan = plan_steps(report.rows_written, world=cfg.trainer.num_workers,
+                              global_batch=cfg.trainer.global_batch_size, grad_accum=cfg.trainer.grad_accum,
+                              epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
+                              warmup_ratio=cfg.trainer.warmup_ratio)
+            print(f"[raoe] {cfg.stage}: {report.rows_written} pairs, {plan.total_steps} steps "
+                  f"({plan.steps_per_epoch} per epoch), run {run_name!r}" + (" (resumed)" if resumed else ""), flush=True)
+            loop_config = {
+                "model": resolved["model"], "model_path": model_path, "trainer": resolved["trainer"],
+                "objective": {"weights": cfg.objective.weights, "params": params}, "plan": plan.as_dict(),
+                "threads_per_worker": cfg.trainer.threads_per_worker,
+                "eval": {"select": dev_available, "data_dir": str(Path(cfg.eval.data_dir).resolve()),
+                         "batch_size": cfg.eval.batch_size, "max_pairs": cfg.eval.max_pairs},
+                "mlflow": {"tracking_uri": tracking_uri(), "run_id": run_id},
+            }
+            trainer = TorchTrainer(
+                train_loop_per_worker, train_loop_config=loop_config, datasets={"train": ds},
+                torch_config=TorchConfig(backend="nccl" if cfg.trainer.use_gpu else "gloo"),
+                scaling_config=ray.train.ScalingConfig(
+                    num_workers=cfg.trainer.num_workers, use_gpu=cfg.trainer.use_gpu,
+                    resources_per_worker=None if cfg.trainer.use_gpu else {"CPU": cfg.trainer.cpus_per_worker},
+                ),
+                run_config=ray.train.RunConfig(
+                    name=run_name, storage_path=storage,
+                    checkpoint_config=ray.train.CheckpointConfig(
+                        num_to_keep=cfg.trainer.keep_checkpoints, checkpoint_score_attribute=DEV_METRIC,
+                        checkpoint_score_order="max"),
+                    failure_config=ray.train.FailureConfig(max_failures=cfg.trainer.max_failures),
+                    worker_runtime_env={"env_vars": _worker_env()},
+                ),
+            )
+            result = trainer.fit()
+        best_checkpoint, best_metrics = _best(result)
+        final = result.metrics or {}
+        out_dir = Path(cfg.output_dir).resolve() / run_name
+        with best_checkpoint.as_directory() as folder:
+            shutil.rmtree(out_dir / MODEL_DIR, ignore_errors=True)
+            shutil.copytree(Path(folder) / MODEL_DIR, out_dir / MODEL_DIR)
+            history = _history(Path(folder))
+        (out_dir / "config.json").write_text(json.dumps(resolved, indent=2))
+        curve = plot_dev_curve(history, out_dir / "dev_curve.png")
+        mlflow.log_dict({"history": history, "plan": plan.as_dict(), "data": report.as_dict()}, "training_summary.json")
+        if curve:
+            mlflow.log_artifact(str(curve))
+        best_dev = best_metrics.get(DEV_METRIC) if dev_available else None
+        final_metrics = {"train_loss": final.get("train_loss"), "steps": final.get("step"),
+                         "best_" + DEV_METRIC: best_dev, "best_step": best_metrics.get("step")}
+        mlflow.log_metrics({k: float(v) for k, v in final_metrics.items() if v is not None})
+        tags = {"raoe.stage": cfg.stage, "data": cfg.data.train, "objective": json.dumps(cfg.objective.weights),
+                "start_model": cfg.model.init_from or cfg.model.source, DEV_METRIC: best_dev}
+        registry = log_and_register(out_dir / MODEL_DIR, run_id, registered, tags)
+    return {
+        "stage": cfg.stage, "run_id": run_id, "run_name": run_name, "resumed": resumed,
+        "model_path": str(out_dir / MODEL_DIR), **registry, "metrics": final_metrics,
+        "rows_in": report.rows_in, "rows_written": report.rows_written, "rows_quarantined": report.rows_quarantined,
+        "quarantine_path": report.quarantine_path, "plan": plan.as_dict(), "strategy": cfg.trainer.strategy,
+        "num_workers": cfg.trainer.num_workers, "checkpoint_path": result.path, "seconds": time.time() - started,
+        "tracking_uri": tracking_uri(), "experiment": cfg.tracking.experiment,
+    }
+
+
+def _needs(weights, params, kind) -> set[str]:
+    """Batch fields the composite reads (probe each field's absence)."""
+    needed = set()
+    for field in PROVIDES[kind]:
+        try:
+            check_objective_fits(weights, params, tuple(f for f in PROVIDES[kind] if f != field))
+        except ValueError:
+            needed.add(field)
+    return needed
+
+
+def _best(result):
+    """The best checkpoint by dev Spearman (the latest when there is no dev set: its metric is the step)."""
+    if result.best_checkpoints:
+        return max(result.best_checkpoints, key=lambda cm: (cm[1].get(DEV_METRIC, float("-inf")), cm[1].get("step", 0)))
+    if result.checkpoint is None:
+        raise RuntimeError(f"training reported no checkpoint: {result.error}")
+    return result.checkpoint, result.metrics or {}
+
+
+def _history(folder: Path) -> list[dict[str, Any]]:
+    progress = folder / PROGRESS_FILE
+    return json.loads(progress.read_text()).get("history", []) if progress.exists() else []
+
+
+def _worker_env() -> dict[str, str]:
+    from encoders.sources import cache_root
+    from runtime.local_ray import worker_env
+
+    env = worker_env()
+    # DeepSpeed compiles its ops once (25-80 s here): keep them in a cache every worker shares.
+    env.setdefault("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR", str(cache_root() / "torch_extensions")))
+    return env
+
+

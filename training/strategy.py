@@ -1,0 +1,146 @@
+"""The two ways a worker group shares one model: DDP through Ray Train's torch backend, or a DeepSpeed engine
+(ZeRO stage from config). Both expose the same small surface to the loop: forward module, backward,
+step, learning rate, and checkpoint save/load, so the loop itself has no strategy branches."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TRAINER_STATE = "trainer_state.pt"
+DEEPSPEED_DIR = "deepspeed"
+DEEPSPEED_TAG = "latest_step"
+
+
+def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on biases and norm weights (the BERT recipe)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int):
+    from transformers import get_linear_schedule_with_warmup
+
+    return get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
+
+
+class TorchStrategy:
+    """One process, or DDP over the worker group (gloo on CPU, nccl on GPU)."""
+
+    name = "ddp"
+
+    def __init__(self, model, trainer_cfg: dict[str, Any], plan, world: int):
+        import ray.train.torch
+
+        self.model = model
+        self.module = ray.train.torch.prepare_model(model) if world > 1 else model
+        self.device = next(model.parameters()).device
+        self.optimizer = build_optimizer(model, trainer_cfg["lr"], trainer_cfg["weight_decay"])
+        self.scheduler = build_scheduler(self.optimizer, plan.warmup_steps, plan.total_steps)
+        self.grad_clip = trainer_cfg["grad_clip"]
+        self.grad_accum = plan.grad_accum
+        self.world = world
+
+    def sync_context(self, last_micro_batch: bool):
+        """DDP all-reduces gradients only on the last micro-batch of an optimizer step."""
+        if self.world > 1 and not last_micro_batch:
+            return self.module.no_sync()
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss / self.grad_accum).backward()
+
+    def step(self) -> None:
+        if self.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def micro_step(self) -> None:
+        """Called after every micro-batch; only DeepSpeed needs it."""
+
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def save(self, folder: Path, rank: int, state: dict[str, Any]) -> bool:
+        """Write this rank's part of a checkpoint; True if it wrote anything (only rank 0 does under DDP)."""
+        if rank != 0:
+            return False
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), **state},
+                   folder / TRAINER_STATE)
+        return True
+
+    def load(self, folder: Path) -> dict[str, Any]:
+        saved = torch.load(folder / TRAINER_STATE, map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(saved.pop("optimizer"))
+        self.scheduler.load_state_dict(saved.pop("scheduler"))
+        return saved
+
+
+def deepspeed_config(trainer_cfg: dict[str, Any], plan) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": plan.micro_batch,
+        "gradient_accumulation_steps": plan.grad_accum,
+        "train_batch_size": plan.global_batch,
+        "gradient_clipping": trainer_cfg["grad_clip"] or 0.0,
+        "zero_optimization": {"stage": trainer_cfg["zero_stage"]},
+        "bf16": {"enabled": bool(trainer_cfg["bf16"])},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+class DeepSpeedStrategy:
+    """``deepspeed.initialize`` in the loop (not Ray's prepare_model), on the process group Ray Train opened.
+    The optimizer is torch's AdamW, so nothing needs DeepSpeed's compiled CPU-Adam; ZeRO shards its state."""
+
+    name = "deepspeed"
+
+    def __init__(self, model, trainer_cfg: dict[str, Any], plan, world: int):
+        import deepspeed
+
+        self.model = model
+        optimizer = build_optimizer(model, trainer_cfg["lr"], trainer_cfg["weight_decay"])
+        scheduler = build_scheduler(optimizer, plan.warmup_steps, plan.total_steps)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(trainer_cfg, plan),
+            dist_init_required=False,
+        )
+        self.module = self.engine
+        self.device = self.engine.device
+
+    def sync_context(self, last_micro_batch: bool):
+        return contextlib.nullcontext()  # the engine knows the accumulation boundary itself
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)  # scales by 1 / gradient_accumulation_steps
+
+    def micro_step(self) -> None:
+        self.engine.step()  # steps optimizer and scheduler only at the accumulation boundary
+
+    def step(self) -> None:
+        """The engine already stepped in micro_step at the boundary."""
+
+    def lr(self) -> float:
+        return self.engine.get_lr()[0]
+
+    def save(self, folder: Path, rank: int, state: dict[str, Any]) -> bool:
+        """Every rank writes its ZeRO partition; Ray Train merges the ranks' files into one checkpoint."""
+        self.engine.save_checkpoint(str(folder / DEEPSPEED_DIR), tag=DEEPSPEED_TAG, client_state=state)
+        return True
+
+    def load(self, folder: Path) -> dict[str, Any]:
+        _, client_state = self.engine.load_checkpoint(str(folder / DEEPSPEED_DIR), tag=DEEPSPEED_TAG)
+        return dict(client_state or {})
+
+
+STRATEGIES = {"ddp": TorchStrategy, "deepspeed": DeepSpeedStrategy}
