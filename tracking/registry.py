@@ -70,13 +70,20 @@ def _same(run):
 
 
 def download_model(uri: str, cache: str | Path | None = None) -> str:
-    """A local sentence-transformers folder for a model URI (downloaded once per URI)."""
+    """A local sentence-transformers folder for a model URI, downloaded once per tracking store and version
+    (the key includes the store and the version's creation time, so a new store's version 1 is not stale)."""
     import mlflow
 
     from encoders.sources import building, cache_root
 
-    resolved = resolve_alias(uri)
-    target = Path(cache or cache_root() / "mlflow-models") / hashlib.sha1(resolved.encode()).hexdigest()[:16]
+    resolved, stamp = resolve_alias(uri), ""
+    if resolved.startswith("models:/"):
+        from mlflow import MlflowClient
+
+        name, version = resolved.removeprefix("models:/").split("/", 1)
+        stamp = str(MlflowClient().get_model_version(name, version).creation_timestamp)
+    key = hashlib.sha1(f"{mlflow.get_tracking_uri()}|{resolved}|{stamp}".encode()).hexdigest()[:16]
+    target = Path(cache or cache_root() / "mlflow-models") / key
     if not (target / ".complete").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with building(target) as staging:
@@ -85,6 +92,13 @@ def download_model(uri: str, cache: str | Path | None = None) -> str:
     if not found:
         raise FileNotFoundError(f"{uri} holds no sentence-transformers model (no modules.json)")
     return str(found[0])
+
+
+def resolve_model(source: str) -> str:
+    """Any model source raoe accepts, MLflow model URIs included, as a local folder (or an HF id)."""
+    from encoders.sources import resolve_model_source
+
+    return download_model(source) if is_model_uri(source) else resolve_model_source(source)
 
 
 def resolve_alias(uri: str) -> str:

