@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import Field
@@ -98,3 +99,33 @@ def test_yaml_weights_replace_the_default_mix(tmp_path):
     path = write(tmp_path, "objective:\n  weights: {cosent: 1.0}\n  cosent: {tau: 10}\n")
     cfg = load_config(Job, path)
     assert cfg.objective.weights == {"cosent": 1.0} and cfg.objective.cosent.tau == 10.0
+
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _job_model(path):
+    """The config model of the job a shipped YAML is for (by folder, or by file name under tiny/)."""
+    import importlib
+
+    from jobconfig.schema import Stage2JobConfig, TrainJobConfig
+
+    job = path.parent.name if path.parent.name != "tiny" else path.stem
+    if job in ("stage1", "stage2"):
+        return TrainJobConfig if job == "stage1" else Stage2JobConfig
+    sys.path.insert(0, str(ROOT / "ray_jobs"))
+    try:
+        module = importlib.import_module(job)
+    finally:
+        sys.path.remove(str(ROOT / "ray_jobs"))
+    return next(v for k, v in vars(module).items() if k.endswith("JobConfig"))
+
+
+def test_every_shipped_config_validates():
+    """Shipped YAMLs are validated like a job would, so a renamed key cannot break one unnoticed."""
+    checked = 0
+    for path in sorted((ROOT / "configs").rglob("*.yaml")):
+        load_config(_job_model(path), path)
+        checked += 1
+    assert checked >= 10
