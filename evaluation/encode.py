@@ -6,18 +6,22 @@ import numpy as np
 
 
 class SentenceEncoderActor:
-    """A Ray Data ``map_batches`` callable class holding one sentence-transformers model."""
+    """A Ray Data ``map_batches`` callable class holding one model, loaded as training exported it (so a
+    prompt template the sentence-transformers config cannot carry still applies)."""
 
     def __init__(self, model_path: str, batch_size: int = 64):
         import torch
-        from sentence_transformers import SentenceTransformer
+
+        from encoders.backbone import load_encoder
 
         torch.set_num_threads(max(1, torch.get_num_threads()))
-        self.model = SentenceTransformer(model_path, device="cpu")
+        self.model = load_encoder(model_path)
         self.batch_size = batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        emb = self.model.encode(list(batch["text"]), batch_size=self.batch_size, convert_to_numpy=True)
+        from encoders.backbone import encode_texts
+
+        emb = encode_texts(self.model, [str(t) for t in batch["text"]], self.batch_size)
         return {"idx": batch["idx"], "embedding": emb.astype(np.float32)}
 
 
@@ -43,3 +47,17 @@ def ray_encode(model_path: str, sentences: list[str], *, batch_size: int = 64, a
     for row in rows:
         result[row["idx"]] = row["embedding"]
     return result
+
+
+def score_with_ray(model_path: str, eval_cfg, *, actors: int = 1, cpus_per_actor: float = 1.0,
+                   predictions: dict | None = None) -> dict:
+    """The STS suite of ``eval_cfg`` (an EvalConfig) for one model, encoded by a Ray Data actor pool."""
+    from evaluation.sts import evaluate_sts
+
+    def encode(sentences):
+        print(f"encoding {len(sentences)} sentences with {actors} actor(s) ...", flush=True)
+        return ray_encode(model_path, sentences, batch_size=eval_cfg.batch_size, actors=actors,
+                          cpus_per_actor=cpus_per_actor)
+
+    return evaluate_sts(encode, eval_cfg.data_dir, eval_cfg.tasks, max_pairs=eval_cfg.max_pairs,
+                        stsb_split=eval_cfg.stsb_split, predictions=predictions)

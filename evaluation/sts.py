@@ -122,9 +122,10 @@ def spearman_x100(predicted: np.ndarray, gold: np.ndarray) -> float:
 
 def evaluate_sts(
     encode: Encoder, data_dir: str | Path, tasks: list[str] | None = None, *, max_pairs: int | None = None,
-    stsb_split: str = "test",
+    stsb_split: str = "test", predictions: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> dict[str, float | None]:
-    """{task: Spearman x 100 or None when absent, ..., "avg": mean of the present tasks}."""
+    """{task: Spearman x 100 or None when absent, ..., "avg": mean of the present tasks}. Pass a dict as
+    ``predictions`` to also get each task's (cosine, gold) arrays, e.g. for a scatter plot."""
     results: dict[str, float | None] = {}
     for task in tasks or ALL_TASKS:
         pairs = load_task(data_dir, task, split=stsb_split)
@@ -132,7 +133,10 @@ def evaluate_sts(
             results[task] = None
             continue
         pairs = pairs.head(max_pairs)
-        results[task] = spearman_x100(cosine_scores(encode, pairs), pairs.gold)
+        cosine = cosine_scores(encode, pairs)
+        results[task] = spearman_x100(cosine, pairs.gold)
+        if predictions is not None:
+            predictions[task] = (cosine, np.asarray(pairs.gold))
     present = [v for v in results.values() if v is not None]
     results["avg"] = float(np.mean(present)) if present else None
     return results
@@ -141,3 +145,24 @@ def evaluate_sts(
 def stsb_dev_spearman(encode: Encoder, data_dir: str | Path, max_pairs: int | None = None) -> float | None:
     """What training selects checkpoints by: the same code path, restricted to STS-B dev."""
     return evaluate_sts(encode, data_dir, ["STSBenchmark"], max_pairs=max_pairs, stsb_split="dev")["STSBenchmark"]
+
+
+def plot_cosine_vs_gold(cosine: np.ndarray, gold: np.ndarray, path: str | Path, title: str) -> Path:
+    """Predicted cosine against gold score (AnglE's Figure 5 view): a good model's cloud rises monotonically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.5, 4))
+    ax.scatter(gold, cosine, s=4, alpha=0.35)
+    ax.set_xlabel("gold score")
+    ax.set_ylabel("predicted cosine")
+    ax.set_title(f"{title}: Spearman {spearman_x100(cosine, gold):.2f}")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -7,8 +7,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
+import shutil
 from pathlib import Path
 from typing import Any
+
+from encoders.backbone import RAOE_META
 
 MODEL_ARTIFACT = "model"
 REGISTERED = {"stage1": "raoe-s1", "stage2": "raoe-s2"}
@@ -51,7 +54,7 @@ def log_and_register(model_dir: str | Path, run_id: str, registered_model: str |
     with mlflow.start_run(run_id=run_id) if active is None or active.info.run_id != run_id else _same(active):
         info = mlflow.sentence_transformers.log_model(
             model, name=MODEL_ARTIFACT, pip_requirements=_pins(),
-            extra_files=[str(p) for p in Path(model_dir).glob("raoe_encoder.json")] or None,
+            extra_files=[str(p) for p in Path(model_dir).glob(RAOE_META)] or None,
         )
     result: dict[str, Any] = {"model_uri": f"runs:/{run_id}/{MODEL_ARTIFACT}", "logged_model_uri": info.model_uri,
                               "registered_model": None, "version": None}
@@ -88,10 +91,20 @@ def download_model(uri: str, cache: str | Path | None = None) -> str:
         target.parent.mkdir(parents=True, exist_ok=True)
         with building(target) as staging:
             mlflow.artifacts.download_artifacts(artifact_uri=resolved, dst_path=str(staging))
+            _restore_raoe_meta(staging)
     found = sorted(p.parent for p in target.rglob("modules.json"))
     if not found:
         raise FileNotFoundError(f"{uri} holds no sentence-transformers model (no modules.json)")
     return str(found[0])
+
+
+def _restore_raoe_meta(folder: Path) -> None:
+    """The flavor stores raoe's metadata (prompt template, step) among its extra files: put it back next to
+    modules.json, where load_encoder reads it."""
+    metas = list(folder.rglob(RAOE_META))
+    for modules in folder.rglob("modules.json"):
+        if metas and not (modules.parent / RAOE_META).exists():
+            shutil.copy(metas[0], modules.parent / RAOE_META)
 
 
 def resolve_model(source: str) -> str:

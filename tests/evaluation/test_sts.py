@@ -1,0 +1,87 @@
+"""The STS suite: SentEval layouts, Spearman x100, the "all" pooling of a year's subsets, absent tasks."""
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from evaluation.sts import evaluate_sts, stsb_dev_spearman
+
+# Subset A: cosine rises with gold (Spearman +100); subset B: it falls (-100). The mean of the subsets is 0,
+# but pooling both before one Spearman gives another number: the "all" setting must pool.
+A = ([0.10, 0.20, 0.30, 0.40], [1.0, 2.0, 3.0, 4.0])
+B = ([0.50, 0.60, 0.70, 0.80], [5.0, 4.8, 4.6, 4.4])
+
+
+def _vector(cos: float) -> list[float]:
+    return [cos, float(np.sqrt(1 - cos**2))]
+
+
+@pytest.fixture
+def senteval(tmp_path):
+    """A SentEval-layout root with STS12 (two subsets, one empty gold line) and STS-B dev; other tasks absent."""
+    table = {}
+    year = tmp_path / "STS" / "STS12-en-test"
+    year.mkdir(parents=True)
+    for name, (cosines, gold) in {"MSRpar": A, "MSRvid": B}.items():
+        lines, scores = [], []
+        for i, (c, g) in enumerate(zip(cosines, gold)):
+            s1, s2 = f"{name} left {i}", f"{name} right {i}"
+            table[s1], table[s2] = [1.0, 0.0], _vector(c)
+            lines.append(f"{s1}\t{s2}")
+            scores.append(f"{g}")
+        lines.append("unscored left\tunscored right")  # SentEval: an empty gold line means "not scored"
+        scores.append("")
+        (year / f"STS.input.{name}.txt").write_text("\n".join(lines) + "\n")
+        (year / f"STS.gs.{name}.txt").write_text("\n".join(scores) + "\n")
+    stsb = tmp_path / "STS" / "STSBenchmark"
+    stsb.mkdir(parents=True)
+    rows = []
+    for i, (c, g) in enumerate(zip(*A)):
+        s1, s2 = f"dev left {i}", f"dev right {i}"
+        table[s1], table[s2] = [1.0, 0.0], _vector(c)
+        rows.append(f"main-captions\tMSRvid\t2012test\t{i:04d}\t{g}\t{s1}\t{s2}")
+    (stsb / "sts-dev.csv").write_text("\n".join(rows) + "\n")
+
+    def encode(sentences):
+        missing = [s for s in sentences if s not in table]
+        assert not missing, f"the suite encoded sentences without gold scores: {missing}"
+        return np.array([table[s] for s in sentences])
+
+    return tmp_path, encode
+
+
+def test_pooled_year_score_is_not_the_mean_of_its_subsets(senteval):
+    root, encode = senteval
+    result = evaluate_sts(encode, root, ["STS12"])
+    pooled = spearmanr(A[0] + B[0], A[1] + B[1]).statistic * 100
+    assert result["STS12"] == pytest.approx(pooled)
+    assert abs(result["STS12"] - 0.0) > 10  # the mean of +100 and -100 would be 0
+
+
+def test_known_values_and_absent_tasks(senteval):
+    root, encode = senteval
+    result = evaluate_sts(encode, root, ["STS12", "STS13", "STSBenchmark", "SICKRelatedness"], stsb_split="dev")
+    assert result["STSBenchmark"] == pytest.approx(100.0)
+    assert result["STS13"] is None and result["SICKRelatedness"] is None  # absent, not zero
+    assert result["avg"] == pytest.approx((result["STS12"] + 100.0) / 2)  # average of the present tasks only
+    assert stsb_dev_spearman(encode, root) == pytest.approx(100.0)  # training's selection uses the same path
+
+
+def test_student_scores_equal_a_direct_sentence_transformers_computation(dev_data):
+    from sentence_transformers import SentenceTransformer
+
+    from encoders.backbone import encode_texts, load_encoder
+    from encoders.sources import resolve_model_source
+    from evaluation.sts import load_task
+
+    path = resolve_model_source("pypi:all-minilm-l6-v2")
+    model = load_encoder(path)
+    suite = evaluate_sts(lambda s: encode_texts(model, s, 64), dev_data / "senteval", ["STS12", "STSBenchmark"],
+                         max_pairs=300, stsb_split="dev")
+    direct_model = SentenceTransformer(path, device="cpu")
+    for task in ("STS12", "STSBenchmark"):
+        pairs = load_task(dev_data / "senteval", task, split="dev").head(300)
+        a = direct_model.encode(pairs.sentences1, normalize_embeddings=True)
+        b = direct_model.encode(pairs.sentences2, normalize_embeddings=True)
+        direct = spearmanr((a * b).sum(1), pairs.gold).statistic * 100
+        assert suite[task] == pytest.approx(direct, abs=0.01), task

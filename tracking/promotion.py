@@ -1,0 +1,96 @@
+"""Promotion: move the registry alias ``champion`` to a candidate version only when the STS suite says it is
+better: its average beats the champion's by at least ``margin`` and no guarded task drops by more than
+``tolerance``. Otherwise the candidate gets ``challenger``. A version that does not load is never promoted."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+CHAMPION, CHALLENGER = "champion", "challenger"
+
+
+@dataclass
+class Decision:
+    promote: bool
+    reason: str
+    candidate: dict[str, float | None]
+    champion: dict[str, float | None] | None = None
+    deltas: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def decide(candidate: dict[str, float | None], champion: dict[str, float | None] | None, *, margin: float = 0.0,
+           guard_tasks: list[str] | tuple[str, ...] = (), tolerance: float = 0.0) -> Decision:
+    """Compare suite results (task -> Spearman x100, with 'avg'); pure, so every rule is testable."""
+    if champion is None:
+        return Decision(True, "no champion yet: the first version becomes champion", candidate)
+    deltas = {t: candidate[t] - champion[t] for t in candidate
+              if candidate.get(t) is not None and champion.get(t) is not None}
+    if "avg" not in deltas:
+        return Decision(False, "no common tasks to compare on", candidate, champion, deltas)
+    drops = [f"{t} drops {-deltas[t]:.2f} > {tolerance:.2f}" for t in guard_tasks
+             if t in deltas and deltas[t] < -tolerance]
+    if drops:
+        return Decision(False, "guarded task(s) regress: " + "; ".join(drops), candidate, champion, deltas)
+    if deltas["avg"] < margin or deltas["avg"] <= 0:
+        return Decision(False, f"average {deltas['avg']:+.2f} is below the margin {margin:.2f}", candidate, champion,
+                        deltas)
+    return Decision(True, f"average {deltas['avg']:+.2f} >= margin {margin:.2f}", candidate, champion, deltas)
+
+
+def promote(registered_model: str, candidate_version: int | None, evaluate: Callable[[str], dict[str, float | None]],
+            *, margin: float = 0.0, guard_tasks: list[str] | tuple[str, ...] = (), tolerance: float = 0.0) -> dict:
+    """Evaluate candidate and champion with ``evaluate(local_model_path)``, decide, move the alias, record it."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from tracking.registry import download_model
+
+    client = MlflowClient()
+    if candidate_version is None:
+        versions = client.search_model_versions(f"name = '{registered_model}'")
+        if not versions:
+            raise ValueError(f"registered model {registered_model!r} has no versions")
+        candidate_version = max(int(v.version) for v in versions)
+    candidate_uri = f"models:/{registered_model}/{candidate_version}"
+    try:
+        champion_version = int(client.get_model_version_by_alias(registered_model, CHAMPION).version)
+    except MlflowException:
+        champion_version = None
+    out: dict[str, Any] = {"registered_model": registered_model, "candidate_version": int(candidate_version),
+                           "champion_version_before": champion_version}
+    try:
+        candidate_scores = evaluate(download_model(candidate_uri))  # loads and encodes before any alias moves
+    except Exception as exc:  # noqa: BLE001 - any failure to load or encode means: not promotable
+        decision = Decision(False, f"candidate does not load or encode: {type(exc).__name__}: {exc}", {})
+        _record(client, registered_model, candidate_version, decision)
+        return {**out, **decision.as_dict(), "champion_version_after": champion_version}
+    champion_scores = None
+    if champion_version is not None and champion_version != int(candidate_version):
+        champion_scores = evaluate(download_model(f"models:/{registered_model}/{champion_version}"))
+    elif champion_version == int(candidate_version):
+        champion_scores = candidate_scores
+    decision = decide(candidate_scores, champion_scores, margin=margin, guard_tasks=guard_tasks, tolerance=tolerance)
+    if champion_version == int(candidate_version):
+        decision = Decision(False, "candidate already is the champion", candidate_scores, champion_scores, {})
+    alias = CHAMPION if decision.promote else CHALLENGER
+    client.set_registered_model_alias(registered_model, alias, str(candidate_version))
+    _record(client, registered_model, candidate_version, decision, champion_version)
+    after = int(candidate_version) if decision.promote else champion_version
+    return {**out, **decision.as_dict(), "alias": alias, "champion_version_after": after}
+
+
+def _record(client, name: str, version, decision: Decision, champion_version: int | None = None) -> None:
+    """The decision and the comparison table as version tags, and as an artifact on the version's run."""
+    client.set_model_version_tag(name, str(version), "promotion.decision", "promoted" if decision.promote else "kept")
+    client.set_model_version_tag(name, str(version), "promotion.reason", decision.reason[:5000])
+    client.set_model_version_tag(name, str(version), "promotion.vs_version", str(champion_version))
+    if decision.candidate:
+        client.set_model_version_tag(name, str(version), "sts_results", json.dumps(decision.candidate))
+    run_id = client.get_model_version(name, str(version)).run_id
+    if run_id:
+        client.log_text(run_id, json.dumps(decision.as_dict(), indent=2), f"promotion/v{version}.json")
