@@ -1,58 +1,155 @@
-"""`make demo`: run raoe's end-to-end path on this machine with the embedded defaults.
+"""`make demo`: raoe's main path end to end on this machine, through `ray job submit` like a user would.
 
-Today that path is the STS evaluation job: a local Ray (loopback only), the offline MiniLM student
-encoded by a Ray Data actor pool, SentEval-layout STS data, results in a local MLflow store.
-Training (Stage 1/2) joins the demo when the training service lands.
+A local Ray head (127.0.0.1), a local MLflow store, the offline MiniLM student and teachers, SNLI dev+test and
+STS from DATA_DIR (default ../shared/data):
+
+  annotate (teachers score NLI pairs)  ->  evaluate student  ->  Stage 1  ->  evaluate S1
+  ->  Stage 2 (from models:/raoe-s1/<v>)  ->  evaluate S2  ->  promote S1 and S2  ->  table
+
+To finish in about 20 minutes on 2 cores it subsamples: DEMO_NLI_PAIRS (default 1500 per SNLI split) pairs are
+annotated and trained on, DEMO_STSB_PAIRS (default 2000) STS-B train pairs for Stage 2, one epoch each. The
+full-size configs are configs/stage1/minilm-snli-cpu.yaml and configs/stage2/minilm-stsb-cpu.yaml.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"]
 
 
 def find_data_dir() -> Path:
-    base = Path(os.environ.get("DATA_DIR", ROOT.parent / "shared" / "data"))
-    senteval = base / "senteval" if (base / "senteval").exists() else base
-    if not (senteval / "STS").exists():
-        sys.exit(f"demo: no SentEval-layout STS data under {base}; set DATA_DIR to a folder holding senteval/STS")
-    return senteval
+    base = Path(os.environ.get("DATA_DIR", ROOT.parent / "shared" / "data")).resolve()
+    if not (base / "senteval" / "STS").exists() or not (base / "snli").exists():
+        sys.exit(f"demo: need {base}/senteval/STS and {base}/snli (SentEval layout, see ../shared/data/README.md); "
+                 f"set DATA_DIR to such a folder")
+    return base
 
 
-def run_job(args: list[str]) -> dict:
-    """Run a job, stream its output, return its JSON result line."""
-    print("$ python " + " ".join(args), flush=True)
-    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    last = ""
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalHead:
+    """`ray start --head` on loopback for the length of the demo; `ray stop` at the end."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env = env
+        self.dashboard = free_port()
+        self.address = f"http://127.0.0.1:{self.dashboard}"
+
+    def __enter__(self):
+        cmd = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()),
+               "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard), "--num-cpus", "2",
+               "--disable-usage-stats"]
+        subprocess.run(cmd, env=self.env, check=True, stdout=subprocess.DEVNULL)
+        return self
+
+    def __exit__(self, *exc):
+        subprocess.run([str(VENV_BIN / "ray"), "stop"], env=self.env, stdout=subprocess.DEVNULL, check=False)
+
+
+def submit(head: LocalHead, env: dict[str, str], job_args: list[str]) -> dict:
+    """`ray job submit --working-dir .` a job, stream its output, return its JSON result line."""
+    runtime_env = {"env_vars": {k: env[k] for k in ("MLFLOW_TRACKING_URI", "RAOE_MLFLOW_ARTIFACTS", "HF_HUB_OFFLINE",
+                                                    "RAOE_CACHE", "MLFLOW_DISABLE_TELEMETRY") if k in env}}
+    cmd = [str(VENV_BIN / "ray"), "job", "submit", "--address", head.address, "--working-dir", ".",
+           "--runtime-env-json", json.dumps(runtime_env), "--", "python", *job_args]
+    print("$ ray job submit --working-dir . -- python " + " ".join(job_args), flush=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    result = None
     for line in proc.stdout:
-        print("  " + line, end="", flush=True)
-        if line.strip():
-            last = line
-    if proc.wait() != 0:
-        sys.exit(f"demo: job failed with exit code {proc.returncode}")
-    return json.loads(last)
+        text = line.strip()
+        if text.startswith('{"job"'):
+            result = json.loads(text)
+        elif text.startswith(("[raoe]", "scoring", "encoding", "raoe-", "task", "STS", "SICK", "avg")) or \
+                "[raoe]" in text:
+            print("   " + text.split("[0m ")[-1], flush=True)
+    proc.wait()
+    if not result or result.get("status") != "ok":
+        sys.exit(f"demo: job {job_args[0]} failed: {result.get('error') if result else 'no result line'}")
+    return result
 
 
 def main() -> None:
     started = time.time()
     data = find_data_dir()
-    print(f"[demo 1/1] STS evaluation of the offline MiniLM student (data: {data})", flush=True)
-    result = run_job([
-        "ray_jobs/evaluate.py", "--config", "configs/evaluate/sts.yaml",
-        "--set", f"eval.data_dir={data}", "--set", "eval.stsb_split=dev",
-        "--set", "tracking.run_name=demo-student",
-    ])
-    print("\nmodel: all-MiniLM-L6-v2 as shipped (STSBenchmark here = the dev split)")
-    for task, value in result["metrics"].items():
-        print(f"  {task:<18}{'absent (no files)' if value is None else f'{value:6.2f}'}")
-    print(f"\nMLflow store: {result['tracking_uri']}  (open with: .venv/bin/mlflow ui --backend-store-uri "
-          f"{result['tracking_uri']} --host 127.0.0.1)")
+    nli_pairs = int(os.environ.get("DEMO_NLI_PAIRS", 1500))
+    stsb_pairs = int(os.environ.get("DEMO_STSB_PAIRS", 2000))
+    out = (ROOT / "outputs" / "demo").resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
+           "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
+    env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{ROOT / 'mlflow.db'}")
+    env.setdefault("RAOE_MLFLOW_ARTIFACTS", str(ROOT / "mlartifacts"))
+    env.pop("RAY_ADDRESS", None)
+    senteval = data / "senteval"
+    evaluate = ["ray_jobs/evaluate.py", "--config", "configs/evaluate/sts.yaml", "--set", f"eval.data_dir={senteval}",
+                "--set", "eval.stsb_split=dev", "--set", "eval.batch_size=128", "--set", f"output_dir={out}/eval"]
+    print(f"demo: data {data}; {nli_pairs} NLI pairs per SNLI split, {stsb_pairs} STS-B train pairs (subsampled to "
+          f"finish in ~20 min; set DEMO_NLI_PAIRS / DEMO_STSB_PAIRS)", flush=True)
+    scores, steps = {}, [
+        "annotate SNLI dev+test with the two teachers", "evaluate the student as shipped", "Stage 1 (RAOE)",
+        "evaluate S1", "Stage 2 (STS-B)", "evaluate S2", "promote S1 and S2",
+    ]
+
+    def step(i: int) -> None:
+        print(f"\n[demo {i}/{len(steps)}] {steps[i - 1]}  ({time.time() - started:.0f} s)", flush=True)
+
+    with LocalHead(env) as head:
+        print(f"demo: Ray head at {head.address} (127.0.0.1 only)", flush=True)
+        step(1)
+        annotated = submit(head, env, [
+            "ray_jobs/annotate.py", "--config", "configs/annotate/snli-dev-test.yaml",
+            "--set", f"data.train={data / 'snli'}", "--set", f"data.max_rows={nli_pairs}",
+            "--set", f"output_dir={out}/annotated", "--set", "tracking.run_name=demo-annotate",
+        ])
+        step(2)
+        scores["student (as shipped)"] = submit(head, env, evaluate + ["--set", "model.source=pypi:all-minilm-l6-v2"])
+        step(3)
+        common = ["--set", f"eval.data_dir={senteval}", "--set", f"trainer.storage_path={out}/runs",
+                  "--set", f"output_dir={out}/models", "--set", "trainer.epochs=1", "--set", "trainer.global_batch_size=64",
+                  "--set", "trainer.eval_every=15", "--set", "eval.max_pairs=500"]
+        s1 = submit(head, env, ["ray_jobs/stage1.py", "--config", "configs/stage1/minilm-snli-cpu.yaml",
+                                "--set", f"data.train={annotated['output_path']}", *common])
+        step(4)
+        scores["S1 " + s1["model_uri"]] = submit(head, env, evaluate + ["--set", f"model.source={s1['model_uri']}"])
+        step(5)
+        s2 = submit(head, env, ["ray_jobs/stage2.py", "--config", "configs/stage2/minilm-stsb-cpu.yaml",
+                                "--set", f"model.init_from={s1['model_uri']}", "--set", f"data.max_rows={stsb_pairs}",
+                                "--set", f"data.train={data / 'stsb' / 'stsb-en-train.csv'}", *common])
+        step(6)
+        scores["S2 " + s2["model_uri"]] = submit(head, env, evaluate + ["--set", f"model.source={s2['model_uri']}"])
+        step(7)
+        decisions = [submit(head, env, ["ray_jobs/promote.py", "--config", "configs/promote/sts.yaml",
+                                        "--set", f"registered_model={r['registered_model']}",
+                                        "--set", f"version={r['version']}", "--set", f"eval.data_dir={senteval}"])
+                     for r in (s1, s2)]
+
+    print(f"\nSTS Spearman x100 (SentEval 'all'; STSBenchmark = dev split; tasks without files are absent)\n")
+    print(f"{'model':<28}" + "".join(f"{t:>10}" for t in TASKS))
+    for name, result in scores.items():
+        cells = [result["metrics"].get(t) for t in TASKS]
+        print(f"{name:<28}" + "".join(f"{'-' if v is None else f'{v:.2f}':>10}" for v in cells))
+    print(f"\nS1: {s1['metrics']['steps']} steps, best STS-B dev (500 pairs) "
+          f"{s1['metrics']['best_stsb_dev_spearman']:.2f}; S2: {s2['metrics']['steps']} steps, best "
+          f"{s2['metrics']['best_stsb_dev_spearman']:.2f}")
+    for d in decisions:
+        print(f"promotion {d['registered_model']} v{d['candidate_version']}: "
+              f"{'champion' if d['promote'] else 'challenger'} ({d['reason']})")
+    print(f"\nMLflow: {env['MLFLOW_TRACKING_URI']}  (open with: {VENV_BIN / 'mlflow'} ui --backend-store-uri "
+          f"{env['MLFLOW_TRACKING_URI']} --host 127.0.0.1)")
     print(f"demo finished in {time.time() - started:.0f} s")
 
 
