@@ -61,6 +61,8 @@ def start_ray(num_cpus: int | None = None) -> bool:
         return False
     runtime_env = {"env_vars": worker_env()}
     if os.environ.get("RAY_ADDRESS"):
+        # Under `ray job submit` the job already has a runtime env (working_dir, env_vars); ours adds to it.
+        os.environ.setdefault("RAY_OVERRIDE_JOB_RUNTIME_ENV", "1")
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env, log_to_driver=True)
         return False
     apply_safe_local_env()

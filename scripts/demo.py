@@ -68,9 +68,10 @@ def submit(head: LocalHead, env: dict[str, str], job_args: list[str]) -> dict:
            "--runtime-env-json", json.dumps(runtime_env), "--", "python", *job_args]
     print("$ ray job submit --working-dir . -- python " + " ".join(job_args), flush=True)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    result = None
+    result, tail = None, []
     for line in proc.stdout:
         text = line.strip()
+        tail = (tail + [text])[-40:]
         if text.startswith('{"job"'):
             result = json.loads(text)
         elif text.startswith(("[raoe]", "scoring", "encoding", "raoe-", "task", "STS", "SICK", "avg")) or \
@@ -78,6 +79,7 @@ def submit(head: LocalHead, env: dict[str, str], job_args: list[str]) -> dict:
             print("   " + text.split("[0m ")[-1], flush=True)
     proc.wait()
     if not result or result.get("status") != "ok":
+        print("\n".join(tail), file=sys.stderr)
         sys.exit(f"demo: job {job_args[0]} failed: {result.get('error') if result else 'no result line'}")
     return result
 
@@ -94,6 +96,7 @@ def main() -> None:
     env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{ROOT / 'mlflow.db'}")
     env.setdefault("RAOE_MLFLOW_ARTIFACTS", str(ROOT / "mlartifacts"))
     env.pop("RAY_ADDRESS", None)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"  # job entrypoints' `python` is this venv's
     senteval = data / "senteval"
     evaluate = ["ray_jobs/evaluate.py", "--config", "configs/evaluate/sts.yaml", "--set", f"eval.data_dir={senteval}",
                 "--set", "eval.stsb_split=dev", "--set", "eval.batch_size=128", "--set", f"output_dir={out}/eval"]
@@ -137,7 +140,7 @@ def main() -> None:
                                         "--set", f"version={r['version']}", "--set", f"eval.data_dir={senteval}"])
                      for r in (s1, s2)]
 
-    print(f"\nSTS Spearman x100 (SentEval 'all'; STSBenchmark = dev split; tasks without files are absent)\n")
+    print("\nSTS Spearman x100 (SentEval 'all'; STSBenchmark = dev split; tasks without files are absent)\n")
     print(f"{'model':<28}" + "".join(f"{t:>10}" for t in TASKS))
     for name, result in scores.items():
         cells = [result["metrics"].get(t) for t in TASKS]
