@@ -66,11 +66,14 @@ def load_corpus(
     fmt: str = "auto",
     split: str | None = None,
     max_rows: int | None = None,
+    shuffle_seed: int | None = None,
     on_bad_record: Literal["fail", "quarantine"] = "fail",
     quarantine_path: str | Path | None = None,
 ):
     """(validated Ray Dataset of the kind's fields, DataReport). Raises BadDataError in ``fail`` mode."""
     raw, files, fmt = read_raw(kind, path, fmt, split)
+    if shuffle_seed is not None:  # corpora are often sorted (STS-B by genre): shuffle so max_rows is a fair sample
+        raw = raw.random_shuffle(seed=shuffle_seed)
     if max_rows is not None:
         raw = raw.limit(max_rows)
     raw = raw.materialize()  # parse once; both the good and the bad rows are read from here

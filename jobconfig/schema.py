@@ -52,7 +52,8 @@ class DataConfig(Section):
         Field("auto", description="reader; auto picks by file name")
     )
     split: str | None = Field(None, description="split name for folder layouts (SentEval: dev, test, train)")
-    max_rows: int | None = Field(None, ge=1, description="use only the first N rows")
+    max_rows: int | None = Field(None, ge=1, description="use only the first N rows (after shuffle_seed, if set)")
+    shuffle_seed: int | None = Field(None, description="shuffle rows with this seed before max_rows (fair subsamples)")
     on_bad_record: Literal["fail", "quarantine"] = Field("fail", description="stop on bad rows, or set them aside")
 
 

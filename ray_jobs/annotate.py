@@ -59,6 +59,7 @@ def main(cfg: AnnotateJobConfig) -> dict:
         for split in cfg.data.splits or [cfg.data.split]:
             ds, report = load_corpus(
                 "pairs", cfg.data.train, fmt=cfg.data.format, split=split, max_rows=cfg.data.max_rows,
+                shuffle_seed=cfg.data.shuffle_seed,
                 on_bad_record=cfg.data.on_bad_record, quarantine_path=out / f"quarantine-{split or 'all'}.jsonl",
             )
             datasets.append(ds)

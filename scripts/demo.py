@@ -117,13 +117,14 @@ def main() -> None:
             "ray_jobs/annotate.py", "--config", "configs/annotate/snli-dev-test.yaml",
             "--set", f"data.train={data / 'snli'}", "--set", f"data.max_rows={nli_pairs}",
             "--set", f"output_dir={out}/annotated", "--set", "tracking.run_name=demo-annotate",
+            "--set", "data.shuffle_seed=0",
         ])
         step(2)
         scores["student (as shipped)"] = submit(head, env, evaluate + ["--set", "model.source=pypi:all-minilm-l6-v2"])
         step(3)
         common = ["--set", f"eval.data_dir={senteval}", "--set", f"trainer.storage_path={out}/runs",
                   "--set", f"output_dir={out}/models", "--set", "trainer.epochs=1", "--set", "trainer.global_batch_size=64",
-                  "--set", "trainer.eval_every=15", "--set", "eval.max_pairs=500"]
+                  "--set", "trainer.eval_every=15", "--set", "data.shuffle_seed=0"]
         s1 = submit(head, env, ["ray_jobs/stage1.py", "--config", "configs/stage1/minilm-snli-cpu.yaml",
                                 "--set", f"data.train={annotated['output_path']}", *common])
         step(4)
@@ -141,11 +142,12 @@ def main() -> None:
                      for r in (s1, s2)]
 
     print("\nSTS Spearman x100 (SentEval 'all'; STSBenchmark = dev split; tasks without files are absent)\n")
-    print(f"{'model':<28}" + "".join(f"{t:>10}" for t in TASKS))
+    widths = [max(8, len(t) + 2) for t in TASKS]
+    print(f"{'model':<26}" + "".join(f"{t:>{w}}" for t, w in zip(TASKS, widths)))
     for name, result in scores.items():
         cells = [result["metrics"].get(t) for t in TASKS]
-        print(f"{name:<28}" + "".join(f"{'-' if v is None else f'{v:.2f}':>10}" for v in cells))
-    print(f"\nS1: {s1['metrics']['steps']} steps, best STS-B dev (500 pairs) "
+        print(f"{name:<26}" + "".join(f"{'-' if v is None else f'{v:.2f}':>{w}}" for v, w in zip(cells, widths)))
+    print(f"\nS1: {s1['metrics']['steps']} steps, best STS-B dev "
           f"{s1['metrics']['best_stsb_dev_spearman']:.2f}; S2: {s2['metrics']['steps']} steps, best "
           f"{s2['metrics']['best_stsb_dev_spearman']:.2f}")
     for d in decisions:

@@ -72,8 +72,11 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def run_training(cfg: TrainJobConfig) -> dict[str, Any]:
-    """Train, export, log and register; returns the job's JSON-line payload."""
+def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: str | None = None,
+                 callbacks: list | None = None) -> dict[str, Any]:
+    """Train, export, log and register; returns the job's JSON-line payload. A sweep runs each trial with
+    ``register=False`` (only its best trial is registered), as a child of the sweep's MLflow run, and passes
+    Tune's report callback."""
     import mlflow
     import ray.data
     import ray.train
@@ -102,7 +105,8 @@ def run_training(cfg: TrainJobConfig) -> dict[str, Any]:
     storage = storage if "://" in storage else str(Path(storage).resolve())
 
     experiment_id = ensure_experiment(cfg.tracking.experiment)
-    run_id, resumed = run_for_name(experiment_id, run_name, {"raoe.stage": cfg.stage})
+    run_tags = {"raoe.stage": cfg.stage, **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}
+    run_id, resumed = run_for_name(experiment_id, run_name, run_tags)
     resolved = cfg.model_dump()
     mlflow.set_tracking_uri(tracking_uri())
     with mlflow.start_run(run_id=run_id):
@@ -112,7 +116,8 @@ def run_training(cfg: TrainJobConfig) -> dict[str, Any]:
         with ray_session():
             ray.data.DataContext.get_current().enable_progress_bars = False  # the loop prints its own progress
             ds, report = load_corpus(kind, cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
-                                     max_rows=cfg.data.max_rows, on_bad_record=cfg.data.on_bad_record,
+                                     max_rows=cfg.data.max_rows, shuffle_seed=cfg.data.shuffle_seed,
+                                     on_bad_record=cfg.data.on_bad_record,
                                      quarantine_path=Path(cfg.output_dir) / run_name / "quarantine.jsonl")
             if "scores" in _needs(cfg.objective.weights, params, kind):
                 missing = ds.filter(lambda r: r["similarity"] is None).count()
@@ -146,7 +151,7 @@ def run_training(cfg: TrainJobConfig) -> dict[str, Any]:
                         num_to_keep=cfg.trainer.keep_checkpoints, checkpoint_score_attribute=DEV_METRIC,
                         checkpoint_score_order="max"),
                     failure_config=ray.train.FailureConfig(max_failures=cfg.trainer.max_failures),
-                    worker_runtime_env={"env_vars": _worker_env()},
+                    worker_runtime_env={"env_vars": _worker_env()}, callbacks=callbacks or None,
                 ),
             )
             result = trainer.fit()
@@ -169,7 +174,8 @@ def run_training(cfg: TrainJobConfig) -> dict[str, Any]:
                             for k, v in final_metrics.items() if v is not None})
         tags = {"raoe.stage": cfg.stage, "data": cfg.data.train, "objective": json.dumps(cfg.objective.weights),
                 "start_model": start_model, DEV_METRIC: best_dev}
-        registry = log_and_register(out_dir / MODEL_DIR, run_id, registered, tags)
+        registry = (log_and_register(out_dir / MODEL_DIR, run_id, registered, tags) if register else
+                    {"model_uri": None, "registered_model": None, "version": None})
     return {
         "stage": cfg.stage, "run_id": run_id, "run_name": run_name, "resumed": resumed,
         "model_path": str(out_dir / MODEL_DIR), **registry, "metrics": final_metrics,

@@ -45,6 +45,17 @@ def test_max_rows_and_a_clean_corpus(ray_local, tmp_path):
     assert ds.count() == 25 and report.rows_quarantined == 0 and report.quarantine_path is None
 
 
+def test_shuffle_seed_gives_a_fair_reproducible_sample(ray_local, tmp_path):
+    path = corpus(tmp_path, bad=False)
+    head = [r["text1"] for r in load_corpus("pairs", path, max_rows=10)[0].take_all()]
+    first = [r["text1"] for r in load_corpus("pairs", path, max_rows=10, shuffle_seed=3)[0].take_all()]
+    again = [r["text1"] for r in load_corpus("pairs", path, max_rows=10, shuffle_seed=3)[0].take_all()]
+    assert head == [f"s{i}" for i in range(10)]
+    assert first == again and sorted(first) != sorted(head)  # same seed, same sample; not the first rows
+    everything = load_corpus("pairs", path, shuffle_seed=3)[0].take_all()
+    assert sorted(r["text1"] for r in everything) == sorted(f"s{i}" for i in range(40))
+
+
 def test_two_streaming_shards_are_disjoint_and_cover_the_data(ray_local, tmp_path):
     ds, _ = load_corpus("pairs", corpus(tmp_path, bad=False))
     shards = ds.streaming_split(2, equal=False)  # what Ray Train hands each worker

@@ -1,5 +1,6 @@
 """The config system: YAML + --set overrides, coercion, unknown keys and bad values named in errors, --help."""
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,11 @@ def _job_model(path):
     from jobconfig.schema import Stage2JobConfig, TrainJobConfig
 
     job = path.parent.name if path.parent.name != "tiny" else path.stem
+    job = {"sweeps": "sweep"}.get(job, job)
+    if job == "sweep":
+        from tuning.sweep import SweepSpec
+
+        return SweepSpec
     if job in ("stage1", "stage2"):
         return TrainJobConfig if job == "stage1" else Stage2JobConfig
     sys.path.insert(0, str(ROOT / "ray_jobs"))
@@ -126,6 +132,10 @@ def test_every_shipped_config_validates():
     """Shipped YAMLs are validated like a job would, so a renamed key cannot break one unnoticed."""
     checked = 0
     for path in sorted((ROOT / "configs").rglob("*.yaml")):
-        load_config(_job_model(path), path)
+        config = load_config(_job_model(path), path)
+        if hasattr(config, "grid"):  # a sweep: every grid point must make a valid training config
+            from tuning.sweep import validate_spec
+
+            assert len(validate_spec(config, "check", "/tmp/raoe-check")) == math.prod(map(len, config.grid.values()))
         checked += 1
     assert checked >= 10

@@ -1,0 +1,85 @@
+"""The tiny sweep end to end: every grid point trialled as a child MLflow run of the sweep, the best config
+reported and registered, and a rerun of the same sweep resumed from Tune's state without rerunning trials."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def sweep_env(tmp_path_factory, dev_data_module):
+    from runtime.local_ray import ray_session
+
+    root = tmp_path_factory.mktemp("sweep")
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "RAOE_MLFLOW_ARTIFACTS")}
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / 'mlflow.db'}"
+    os.environ["RAOE_MLFLOW_ARTIFACTS"] = str(root / "artifacts")
+    with ray_session(num_cpus=2):
+        yield root
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def dev_data_module():
+    from tests.conftest import DEV_DATA
+
+    if not DEV_DATA.exists():
+        pytest.skip(f"development data not found at {DEV_DATA} (the sweep selects by STS-B dev)")
+    return DEV_DATA
+
+
+def _spec(root: Path):
+    from jobconfig import load_config
+    from tests.conftest import DEV_DATA
+    from tuning.sweep import SweepSpec
+
+    overrides = ["trainer.max_steps=2", "trainer.eval_every=2", "eval.max_pairs=60", "model.dropout=0.0",
+                 f"eval.data_dir={DEV_DATA / 'senteval'}", f"output_dir={root / 'models'}"]
+    return load_config(SweepSpec, ROOT / "configs" / "tiny" / "sweep.yaml", [
+        f"storage_path={root / 'tune'}", "name=tiny-sweep", f"overrides={json.dumps(overrides)}",
+    ])
+
+
+@pytest.fixture(scope="module")
+def swept(sweep_env):
+    from tuning.sweep import run_sweep
+
+    return run_sweep(_spec(sweep_env))
+
+
+def _children(parent_run_id: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name("raoe-tiny-sweeps")
+    return client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_run_id}'")
+
+
+def test_every_grid_point_is_a_child_run_and_the_best_is_registered(swept):
+    grid = {(r["objective.rank_margin.margin"], r["objective.rank_margin.tau"]) for r in swept["trials"]}
+    assert grid == {(1, 10), (1, 20), (2, 10), (2, 20)}
+    assert all(r["error"] is None and r["steps"] == 2 for r in swept["trials"])
+    children = _children(swept["parent_run_id"])
+    assert sorted(c.info.run_id for c in children) == sorted(r["run_id"] for r in swept["trials"])
+    best = max(swept["trials"], key=lambda r: r["best_stsb_dev_spearman"])
+    assert swept["best_metric"] == best["best_stsb_dev_spearman"]
+    assert swept["best_config"] == {k: best[k] for k in ("objective.rank_margin.margin", "objective.rank_margin.tau")}
+    assert swept["registered_model"] == "raoe-s1" and swept["version"] >= 1
+    assert Path(swept["heatmap"]).exists()
+
+
+def test_rerunning_the_sweep_resumes_without_rerunning_trials(swept, sweep_env):
+    from tuning.sweep import run_sweep
+
+    again = run_sweep(_spec(sweep_env))
+    assert again["resumed"] and again["parent_run_id"] == swept["parent_run_id"]
+    assert len(_children(swept["parent_run_id"])) == 4  # no new trial runs
+    assert again["best_config"] == swept["best_config"]
