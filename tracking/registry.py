@@ -51,7 +51,11 @@ def log_and_register(model_dir: str | Path, run_id: str, registered_model: str |
 
     model = SentenceTransformer(str(model_dir), device="cpu")
     active = mlflow.active_run()
-    with mlflow.start_run(run_id=run_id) if active is None or active.info.run_id != run_id else _same(active):
+    if active is not None and active.info.run_id == run_id:
+        context = _same(active)
+    else:  # e.g. a sweep's parent run is active while its best child's model is logged
+        context = mlflow.start_run(run_id=run_id, nested=active is not None)
+    with context:
         info = mlflow.sentence_transformers.log_model(
             model, name=MODEL_ARTIFACT, pip_requirements=_pins(),
             extra_files=[str(p) for p in Path(model_dir).glob(RAOE_META)] or None,

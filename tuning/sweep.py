@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -83,6 +84,8 @@ def run_trial(config: dict[str, Any]) -> None:
 
     from training.run import run_training
 
+    if Path(config["cwd"]).is_dir():  # Tune runs trials in their own folder; config paths are the driver's
+        os.chdir(config["cwd"])
     spec = SweepSpec(**config["spec"])
     cfg = trial_config(spec, config["point"], config["sweep_name"], config["storage"])
     result = run_training(cfg, register=False, parent_run_id=config["parent_run_id"], callbacks=[TuneReportCallback()])
@@ -170,7 +173,8 @@ def run_sweep(spec: SweepSpec, spec_path: str | None = None) -> dict[str, Any]:
                 tuner = ray.tune.Tuner(
                     trainable,
                     param_space={"point": ray.tune.grid_search(points), "spec": spec.model_dump(),
-                                 "sweep_name": sweep_name, "storage": storage, "parent_run_id": parent_run_id},
+                                 "sweep_name": sweep_name, "storage": storage, "parent_run_id": parent_run_id,
+                                 "cwd": os.getcwd()},
                     tune_config=ray.tune.TuneConfig(metric=METRIC, mode="max", scheduler=scheduler,
                                                     max_concurrent_trials=spec.max_concurrent_trials),
                     run_config=ray.tune.RunConfig(name=sweep_name, storage_path=storage),
