@@ -39,31 +39,84 @@ def prompt_prefix(prompt: str | None) -> str | None:
     return prompt.split("{text}")[0] if prompt.endswith("{text}") else None
 
 
+def quantization_config(quantization: str):
+    """transformers' BitsAndBytesConfig for QLoRA: NF4 with double quantisation and bf16 compute, or 8-bit."""
+    if quantization in (None, "none"):
+        return None
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "nf4":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                  bnb_4bit_compute_dtype=torch.bfloat16)
+    if quantization == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    raise ValueError(f"model.quantization must be none, nf4 or int8, got {quantization!r}")
+
+
+def adapter_base(path: str) -> str | None:
+    """The base model of a saved LoRA adapter folder, or None when ``path`` holds a full model."""
+    config = Path(path) / "adapter_config.json"
+    return json.loads(config.read_text())["base_model_name_or_path"] if config.exists() else None
+
+
 def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 64, dropout: float | None = None,
-                  prompt: str | None = None, device: str = "cpu"):
-    """A SentenceTransformer [Transformer, Pooling] over the backbone at ``model_path`` (an HF folder or an
-    exported raoe/sentence-transformers folder, whose Transformer weights sit at its root)."""
+                  prompt: str | None = None, device: str = "cpu", quantization: str = "none",
+                  lora: dict[str, Any] | None = None, padding_side: str | None = None,
+                  gradient_checkpointing: bool = False):
+    """A SentenceTransformer [Transformer, Pooling] over the backbone at ``model_path`` (an HF folder, an exported
+    raoe/sentence-transformers folder whose weights sit at its root, or a saved LoRA adapter folder).
+
+    QLoRA: ``quantization`` loads the base frozen in 4-bit NF4 (or 8-bit), ``lora`` adds trainable adapters; only
+    the adapters have gradients, and saving the model saves only them."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
     if pooling not in POOLING_MODES:
         raise ValueError(f"model.pooling must be one of {sorted(POOLING_MODES)}, got {pooling!r}")
     prefix = prompt_prefix(prompt)
-    transformer = Transformer(model_path, max_seq_length=max_length,
-                              config_kwargs=dropout_overrides(model_path, dropout) or None)
+    adapter = adapter_base(model_path)
+    base = adapter or model_path
+    model_kwargs = {}
+    quant = quantization_config(quantization)
+    if quant is not None:
+        model_kwargs["quantization_config"] = quant
+    transformer = Transformer(base, max_seq_length=max_length, model_kwargs=model_kwargs or None,
+                              config_kwargs=dropout_overrides(base, dropout) or None,
+                              tokenizer_name_or_path=model_path if adapter else None)
     tokenizer = transformer.tokenizer
     if tokenizer.pad_token is None:  # causal LMs ship without one
         tokenizer.pad_token = tokenizer.eos_token
-    dim = transformer.get_embedding_dimension() if hasattr(transformer, "get_embedding_dimension") else (
-        transformer.auto_model.config.hidden_size)
-    for name, param in transformer.auto_model.named_parameters():
+    if padding_side:
+        tokenizer.padding_side = padding_side
+    auto_model = transformer.auto_model
+    if quant is not None or lora or adapter:
+        for param in auto_model.parameters():  # the base stays frozen; only adapters train
+            param.requires_grad_(False)
+    if quant is not None:
+        from peft import prepare_model_for_kbit_training
+
+        prepare_model_for_kbit_training(auto_model, use_gradient_checkpointing=gradient_checkpointing)
+    elif gradient_checkpointing:
+        auto_model.gradient_checkpointing_enable()
+    if adapter:
+        auto_model.load_adapter(model_path, adapter_name="default", is_trainable=bool(lora))
+    elif lora:
+        from peft import LoraConfig
+
+        auto_model.add_adapter(LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                                          target_modules=lora["target_modules"], bias="none"))
+    for name, param in auto_model.named_parameters():
         if name.startswith("pooler."):  # BERT's pooler is not on the embedding's path: a frozen, gradient-free
             param.requires_grad_(False)  # parameter would stall DDP's gradient all-reduce
+    dim = auto_model.config.hidden_size
     pool = Pooling(dim, pooling_mode=POOLING_MODES[pooling])
     prompts = {"sentence": prefix} if prefix else None
-    model = SentenceTransformer(modules=[transformer, pool], device=device, prompts=prompts,
+    model = SentenceTransformer(modules=[transformer, pool], device=device if quant is None else None, prompts=prompts,
                                 default_prompt_name="sentence" if prefix else None)
     model.raoe_prompt = prompt
+    model.raoe_quantization = quantization if quant is not None else "none"
+    model.raoe_padding_side = tokenizer.padding_side
     return model
 
 
@@ -95,19 +148,26 @@ def export_encoder(model, path: str | Path, meta: dict[str, Any] | None = None) 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save(str(path), create_model_card=False)
-    info = {"prompt": getattr(model, "raoe_prompt", None), **(meta or {})}
+    info = {"prompt": getattr(model, "raoe_prompt", None), "quantization": getattr(model, "raoe_quantization", "none"),
+            "padding_side": getattr(model, "raoe_padding_side", None), **(meta or {})}
     (path / RAOE_META).write_text(json.dumps(info, indent=2, default=str))
     return path
 
 
 def load_encoder(path: str | Path, device: str = "cpu"):
-    """Load an exported model for inference; restores a prompt template that sentence-transformers' prefix
-    prompts cannot express."""
+    """Load an exported model for inference as training ran it: restores a prompt template that
+    sentence-transformers' prefix prompts cannot express, and a 4-bit/8-bit base under a LoRA adapter."""
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(path), device=device)
-    meta = Path(path) / RAOE_META
-    model.raoe_prompt = json.loads(meta.read_text()).get("prompt") if meta.exists() else None
+    meta_file = Path(path) / RAOE_META
+    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    quant = quantization_config(meta.get("quantization", "none"))
+    model = SentenceTransformer(str(path), device=device if quant is None else None,
+                                model_kwargs={"quantization_config": quant} if quant is not None else None)
+    if meta.get("padding_side"):
+        model.tokenizer.padding_side = meta["padding_side"]
+    model.raoe_prompt = meta.get("prompt")
+    model.raoe_quantization = meta.get("quantization", "none")
     return model
 
 

@@ -21,27 +21,48 @@ def _vocab() -> list[str]:
     return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *pieces, *WORDS]
 
 
+def _byte_level_bpe(folder: Path) -> int:
+    """A small byte-level BPE tokenizer (the kind Qwen2's tokenizer class reads), trained deterministically on
+    sentences from the tiny vocabulary; transformers picks the tokenizer class from the model type."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import Qwen2TokenizerFast
+
+    corpus = [" ".join(WORDS[i:i + 8]) for i in range(0, len(WORDS), 3)] + WORDS
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus, vocab_size=600, min_frequency=1, special_tokens=["<|endoftext|>"], show_progress=False)
+    bpe.save_model(str(folder))
+    tokenizer = Qwen2TokenizerFast(vocab=str(folder / "vocab.json"), merges=str(folder / "merges.txt"))
+    tokenizer.save_pretrained(folder)
+    return len(tokenizer)
+
+
 def build_tiny_model(kind: str = "bert") -> Path:
     """Build (once, deterministically) a tiny model under the raoe cache and return its folder."""
     from encoders.sources import ModelSourceError, building, cache_root
 
-    seeds = {"bert": 0, "bert-alt": 1}  # two different random encoders (e.g. two tiny teachers)
+    seeds = {"bert": 0, "bert-alt": 1, "qwen2": 2}  # two random BERTs (e.g. two tiny teachers), a causal LM
     if kind not in seeds:
         raise ModelSourceError(f"unknown tiny model 'tiny:{kind}'; known: {['tiny:' + k for k in seeds]}")
     target = cache_root() / "models" / f"tiny-{kind}"
     if (target / ".complete").exists():
         return target
     import torch
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from transformers import BertConfig, BertModel, BertTokenizerFast, Qwen2Config, Qwen2Model
 
     with building(target) as staging:
         vocab_file = staging / "vocab.txt"
         vocab_file.write_text("\n".join(_vocab()) + "\n")
         BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True).save_pretrained(staging)
+        torch.manual_seed(seeds[kind])
+        if kind == "qwen2":  # a causal-LM backbone for last-token pooling, LoRA and 4-bit tests
+            vocab_size = _byte_level_bpe(staging)
+            config = Qwen2Config(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, intermediate_size=128, max_position_embeddings=128)
+            Qwen2Model(config).save_pretrained(staging)
+            return target
         config = BertConfig(
             vocab_size=len(_vocab()), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=64, max_position_embeddings=128,
         )
-        torch.manual_seed(seeds[kind])
         BertModel(config).save_pretrained(staging)
     return target

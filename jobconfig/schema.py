@@ -13,6 +13,13 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class LoraConfig(Section):
+    r: int = Field(16, ge=1, description="LoRA rank")
+    alpha: int = Field(32, ge=1, description="LoRA scaling alpha")
+    dropout: float = Field(0.05, ge=0.0, le=1.0, description="dropout on the LoRA path")
+    target_modules: list[str] | str = Field("all-linear", description="module names, or 'all-linear' (QLoRA's choice)")
+
+
 class ModelConfig(Section):
     source: str = Field("pypi:all-minilm-l6-v2", description="HF id, local path, pypi:<package> or tiny:bert")
     pooling: Literal["mean", "cls", "last_token"] = Field("mean", description="how token states become one vector")
@@ -20,6 +27,10 @@ class ModelConfig(Section):
     max_length: int = Field(64, ge=8, le=32768, description="tokens per sentence (dynamic padding up to this)")
     dropout: float | None = Field(None, ge=0.0, le=1.0, description="attention/hidden dropout; null keeps the backbone's")
     init_from: str | None = Field(None, description="start from a trained model: path or models:/name/version|@alias")
+    quantization: Literal["none", "nf4", "int8"] = Field("none", description="load the base frozen in 4-bit NF4 or 8-bit")
+    lora: LoraConfig | None = Field(None, description="train LoRA adapters only (null: full fine-tuning)")
+    padding_side: Literal["left", "right"] | None = Field(None, description="tokenizer padding side; null keeps its own")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less memory)")
 
 
 class TrainerConfig(Section):

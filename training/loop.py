@@ -128,7 +128,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         # another node, while pypi: packages and MLflow URIs resolve anywhere.
         model_path = str(Path(resume_dir) / MODEL_DIR) if resume_dir else resolve_model(config["start_model"])
         model = build_encoder(model_path, pooling=model_cfg["pooling"], max_length=model_cfg["max_length"],
-                              dropout=model_cfg["dropout"], prompt=model_cfg["prompt"], device=str(device))
+                              dropout=model_cfg["dropout"], prompt=model_cfg["prompt"], device=str(device),
+                              quantization=model_cfg["quantization"], lora=model_cfg["lora"],
+                              padding_side=model_cfg["padding_side"],
+                              gradient_checkpointing=model_cfg["gradient_checkpointing"])
         model.train()
         strategy = STRATEGIES[trainer_cfg["strategy"]](model, trainer_cfg, plan, world)
         state = strategy.load(Path(resume_dir)) if resume_dir else {}

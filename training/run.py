@@ -181,7 +181,9 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
         "model_path": str(out_dir / MODEL_DIR), **registry, "metrics": final_metrics,
         "rows_in": report.rows_in, "rows_written": report.rows_written, "rows_quarantined": report.rows_quarantined,
         "quarantine_path": report.quarantine_path, "plan": plan.as_dict(), "strategy": cfg.trainer.strategy,
-        "num_workers": cfg.trainer.num_workers, "checkpoint_path": result.path, "seconds": time.time() - started,
+        "num_workers": cfg.trainer.num_workers, "quantization": cfg.model.quantization,
+        "lora": cfg.model.lora.model_dump() if cfg.model.lora else None,
+        "checkpoint_path": result.path, "seconds": time.time() - started,
         "tracking_uri": tracking_uri(), "experiment": cfg.tracking.experiment,
     }
 

@@ -1,0 +1,120 @@
+"""QLoRA on a tiny random causal LM: 4-bit base, LoRA-only training, adapter export/reload, last-token pooling."""
+
+import numpy as np
+import pytest
+import torch
+
+from encoders.backbone import build_encoder, embed, encode_texts, export_encoder, load_encoder
+from encoders.sources import resolve_model_source
+
+LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}
+PROMPT = "Summarize sentence {text} in one word:"
+TEXTS = ["a man is playing music.", "two dogs run", "the woman is eating food in the park with a child",
+         "a girl rides a bike"]
+
+
+@pytest.fixture(scope="module")
+def qwen_path():
+    return resolve_model_source("tiny:qwen2")
+
+
+def qlora(path, padding_side="left", prompt=PROMPT):
+    torch.manual_seed(0)
+    return build_encoder(path, pooling="last_token", prompt=prompt, quantization="nf4", lora=LORA,
+                         padding_side=padding_side, max_length=48)
+
+
+def _batch():
+    from data_pipelines.records import normalise_label
+
+    # No prompt and no final period here: a tiny random causal LM's last-token state is mostly its own token's
+    # embedding, so texts must end in different words for the cosines to differ (a 7B model reads the context).
+    rows = [("a man sits", "a man is sitting", "entailment", 0.9), ("a man sits", "a man sits in a park",
+            "neutral", 0.5), ("a man sits", "a woman runs", "contradiction", 0.1),
+            ("two dogs play", "dogs are playing", "entailment", 0.85), ("two dogs play", "two cats sleep",
+            "contradiction", 0.15), ("a child eats", "a child eats food at home", "neutral", 0.55)]
+    return {"text1": np.array([r[0] for r in rows], dtype=object), "text2": np.array([r[1] for r in rows], dtype=object),
+            "label": np.array([normalise_label(r[2]) for r in rows]), "similarity": np.array([r[3] for r in rows])}
+
+
+def test_base_is_4bit_and_only_lora_trains(qwen_path):
+    import bitsandbytes as bnb
+
+    from objectives.registry import PRESETS, CompositeObjective
+    from training.loop import embedding_batch
+
+    model = qlora(qwen_path, prompt=None)
+    assert sum(isinstance(m, bnb.nn.Linear4bit) for m in model.modules()) >= 14  # every linear of the 2 blocks
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    objective, losses = CompositeObjective(PRESETS["raoe"], {"rank_margin": {"margin": 0.0}}), []
+    model.train()
+    for _ in range(6):  # a fixed batch: the loss must go down
+        loss, _ = objective(embedding_batch(model, model, _batch(), "cpu"))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    assert losses[-1] < losses[0]
+    after = model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all("lora_" in k for k in changed)  # the 4-bit base and its quant state are untouched
+
+
+def test_saved_adapter_reloads_with_equal_embeddings(qwen_path, tmp_path):
+    import json
+
+    model = qlora(qwen_path)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.05 * torch.randn_like(p))  # a trained adapter, not the zero-initialised one
+    trained = encode_texts(model, TEXTS)
+    export_encoder(model, tmp_path / "m")
+    files = {p.name for p in (tmp_path / "m").iterdir()}
+    assert {"adapter_model.safetensors", "adapter_config.json"} <= files and "model.safetensors" not in files
+    assert json.loads((tmp_path / "m" / "raoe_encoder.json").read_text())["quantization"] == "nf4"
+    reloaded = load_encoder(tmp_path / "m")
+    np.testing.assert_allclose(encode_texts(reloaded, TEXTS), trained, atol=1e-5)
+    base_only = encode_texts(qlora(qwen_path), TEXTS)
+    assert not np.allclose(base_only, trained, atol=1e-3)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_last_token_pooling_picks_the_last_real_token(qwen_path, side):
+    model = build_encoder(qwen_path, pooling="last_token", padding_side=side, dropout=0.0)
+    model.eval()
+    features = model.preprocess(TEXTS)
+    mask = features["attention_mask"]
+    assert (mask[:, 0] == 0).any() if side == "left" else (mask[:, -1] == 0).any()  # there is padding
+    with torch.no_grad():
+        hidden = model[0].auto_model(input_ids=features["input_ids"], attention_mask=mask).last_hidden_state
+        pooled = embed(model, model, TEXTS)
+    last = [int(torch.nonzero(row).max()) for row in mask]
+    expected = torch.stack([hidden[i, j] for i, j in enumerate(last)])
+    assert torch.allclose(pooled, expected, atol=1e-5)
+    if side == "right":  # causal attention: right padding leaves each text's states as if it were alone
+        with torch.no_grad():
+            alone = torch.cat([embed(model, model, [t]) for t in TEXTS])
+        assert torch.allclose(pooled, alone, atol=1e-4)
+
+
+def test_tiny_qlora_job_reports_nf4(train_env):
+    from tests.training.conftest import tiny_config
+    from training.run import run_training
+
+    cfg = tiny_config(train_env, "tiny-qlora", "trainer.max_steps=2", "trainer.eval_every=2", "data.max_rows=64")
+    from jobconfig import load_config
+    from jobconfig.schema import TrainJobConfig
+    from tests.training.conftest import ROOT
+    qlora_cfg = load_config(TrainJobConfig, ROOT / "configs" / "tiny" / "qlora.yaml", [
+        f"{k}={v}" for k, v in {
+            "tracking.run_name": "tiny-qlora", "trainer.storage_path": cfg.trainer.storage_path,
+            "output_dir": cfg.output_dir, "eval.data_dir": cfg.eval.data_dir, "data.train": cfg.data.train,
+            "trainer.max_steps": 2, "trainer.eval_every": 2, "data.max_rows": 64, "tracking.experiment": "raoe-test",
+        }.items()])
+    result = run_training(qlora_cfg)
+    assert result["quantization"] == "nf4" and result["metrics"]["steps"] == 2
+    assert (result["model_path"] and __import__("pathlib").Path(result["model_path"], "adapter_config.json").exists())
