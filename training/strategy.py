@@ -22,6 +22,8 @@ def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> t
         if not param.requires_grad:
             continue
         (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
+    if not decay and not no_decay:
+        raise ValueError("the model has no trainable parameters (a LoRA adapter start model needs model.lora set)")
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr)
 

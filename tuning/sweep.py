@@ -86,6 +86,8 @@ def run_trial(config: dict[str, Any]) -> None:
 
     if Path(config["cwd"]).is_dir():  # Tune runs trials in their own folder; config paths are the driver's
         os.chdir(config["cwd"])
+    # The driver's MLflow store, explicitly: a Ray that was already running carries an older environment.
+    os.environ.update(config.get("env", {}))
     spec = SweepSpec(**config["spec"])
     cfg = trial_config(spec, config["point"], config["sweep_name"], config["storage"])
     result = run_training(cfg, register=False, parent_run_id=config["parent_run_id"], callbacks=[TuneReportCallback()])
@@ -93,6 +95,12 @@ def run_trial(config: dict[str, Any]) -> None:
     ray.tune.report({METRIC: best if best is not None else float("nan"), "steps": result["metrics"]["steps"],
                      "train_loss": result["metrics"]["train_loss"], "model_path": result["model_path"],
                      "run_id": result["run_id"], "done": True})
+
+
+def _tracking_env() -> dict[str, str]:
+    from runtime.tracking_store import artifact_root, tracking_uri
+
+    return {"MLFLOW_TRACKING_URI": tracking_uri(), "RAOE_MLFLOW_ARTIFACTS": str(artifact_root())}
 
 
 def sweep_table(results, points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -174,7 +182,7 @@ def run_sweep(spec: SweepSpec, spec_path: str | None = None) -> dict[str, Any]:
                     trainable,
                     param_space={"point": ray.tune.grid_search(points), "spec": spec.model_dump(),
                                  "sweep_name": sweep_name, "storage": storage, "parent_run_id": parent_run_id,
-                                 "cwd": os.getcwd()},
+                                 "cwd": os.getcwd(), "env": _tracking_env()},
                     tune_config=ray.tune.TuneConfig(metric=METRIC, mode="max", scheduler=scheduler,
                                                     max_concurrent_trials=spec.max_concurrent_trials),
                     run_config=ray.tune.RunConfig(name=sweep_name, storage_path=storage),

@@ -4,7 +4,7 @@ import pytest
 @pytest.fixture(scope="package")
 def ray_local():
     """One local Ray for the data-pipeline tests (loopback only, shut down at the end)."""
-    from runtime.local_ray import ray_session
+    from tests.conftest import own_ray
 
-    with ray_session(num_cpus=2):
+    with own_ray(num_cpus=2):
         yield

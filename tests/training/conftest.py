@@ -10,13 +10,13 @@ TINY_NLI = ROOT / "configs" / "tiny" / "data" / "nli_pairs.jsonl"
 @pytest.fixture(scope="package")
 def train_env(tmp_path_factory):
     """A private MLflow store and run storage for the training tests, and one local Ray (2 CPUs)."""
-    from runtime.local_ray import ray_session
+    from tests.conftest import own_ray
 
     root = tmp_path_factory.mktemp("train")
     saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "RAOE_MLFLOW_ARTIFACTS")}
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / 'mlflow.db'}"
     os.environ["RAOE_MLFLOW_ARTIFACTS"] = str(root / "artifacts")
-    with ray_session(num_cpus=2):
+    with own_ray(num_cpus=2):
         yield root
     for k, v in saved.items():
         if v is None:

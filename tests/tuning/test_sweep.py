@@ -12,13 +12,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def sweep_env(tmp_path_factory, dev_data_module):
-    from runtime.local_ray import ray_session
+    from tests.conftest import own_ray
 
     root = tmp_path_factory.mktemp("sweep")
     saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "RAOE_MLFLOW_ARTIFACTS")}
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / 'mlflow.db'}"
     os.environ["RAOE_MLFLOW_ARTIFACTS"] = str(root / "artifacts")
-    with ray_session(num_cpus=2):
+    with own_ray(num_cpus=2):
         yield root
     for k, v in saved.items():
         if v is None:
