@@ -66,6 +66,8 @@ class DataConfig(Section):
     max_rows: int | None = Field(None, ge=1, description="use only the first N rows (after shuffle_seed, if set)")
     shuffle_seed: int | None = Field(None, description="shuffle rows with this seed before max_rows (fair subsamples)")
     on_bad_record: Literal["fail", "quarantine"] = Field("fail", description="stop on bad rows, or set them aside")
+    triplets: bool = Field(False, description="NLI pairs -> (premise, entailment, contradiction) triplets: supervised "
+                           "SimCSE's hard negatives (infonce/hince see them as emb_neg)")
 
 
 def _params_model(name: str) -> type[BaseModel]:

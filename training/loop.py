@@ -49,13 +49,15 @@ def embedding_batch(module, model, batch: dict[str, np.ndarray], device, autocas
     from objectives.registry import EmbeddingBatch
 
     text1, text2 = [str(t) for t in batch["text1"]], [str(t) for t in batch["text2"]]
+    negatives = [str(t) for t in batch["text_neg"]] if "text_neg" in batch else []  # SimCSE triplets
     with autocast or contextlib.nullcontext():
-        both = embed(module, model, text1 + text2, device)  # one forward: one padding, one DDP pass
-    both = both.float()
-    e1, e2 = both[: len(text1)], both[len(text1):]
+        every = embed(module, model, text1 + text2 + negatives, device)  # one forward: one padding, one DDP pass
+    every = every.float()
+    n = len(text1)
+    e1, e2, e_neg = every[:n], every[n: 2 * n], every[2 * n:]
     scores, labels = _column(batch, "similarity"), _column(batch, "label")
     return EmbeddingBatch(
-        emb1=gather_with_grad(e1), emb2=gather_with_grad(e2),
+        emb1=gather_with_grad(e1), emb2=gather_with_grad(e2), emb_neg=gather_with_grad(e_neg) if negatives else None,
         scores=None if scores is None else gather_no_grad(torch.tensor(scores.astype(np.float32), device=device)),
         labels=None if labels is None else gather_no_grad(torch.tensor(labels.astype(np.int64), device=device)),
         ids1=gather_no_grad(text_ids(text1).to(device)), ids2=gather_no_grad(text_ids(text2).to(device)),

