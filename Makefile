@@ -32,9 +32,13 @@ demo: install
 lint: install
 	$(VENV)/bin/ruff check .
 
+# Every measurement of benchmarks/ (BENCH_ARGS=--quick for minutes instead of ~2 hours); results in benchmarks/results/.
 bench: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/objectives_speed.py $(BENCH_ARGS)
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/annotation_throughput.py $(BENCH_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/annotation_throughput.py --keep outputs/snli-dev-test-annotated $(BENCH_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/training_throughput.py $(BENCH_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/scaling.py $(BENCH_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/quality.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) mlruns mlflow.db raoe_runs .pytest_cache

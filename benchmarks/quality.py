@@ -97,9 +97,10 @@ def main() -> None:
     steps = args.steps or (16 if args.quick else 120)
     s2_steps = args.s2_steps or (16 if args.quick else 90)
     data = Path(args.data).resolve()
-    if not data.exists() or not SENTEVAL.exists():
+    needed = [SENTEVAL / "STS" / "STSBenchmark" / "sts-dev.csv", SENTEVAL / "STS" / "STS12-en-test"]
+    if not data.exists() or not all(p.exists() for p in needed):
         sys.exit(f"needs the annotated SNLI set at {data} (run ray_jobs/annotate.py --config "
-                 f"configs/annotate/snli-dev-test.yaml) and SentEval STS under {SENTEVAL}")
+                 f"configs/annotate/snli-dev-test.yaml) and {[str(p) for p in needed]}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from benchmarks.common import machine, write_results
 

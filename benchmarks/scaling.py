@@ -40,6 +40,14 @@ NLI_PAIRS = 942_854  # SNLI train + MultiNLI train with a gold label (RAOE Stage
 PROMPT = "Summarize sentence {text} in one word:"
 
 
+def measured(name: str) -> dict:
+    """A benchmark's full results, or its --quick results when only those exist."""
+    for stem in (name, f"{name}_quick"):
+        if (RESULTS / f"{stem}.json").exists():
+            return json.loads((RESULTS / f"{stem}.json").read_text())
+    sys.exit(f"run benchmarks/{name}.py first: scaling starts from its measurements")
+
+
 def read_snli() -> list[tuple[str, str]]:
     pairs = []
     for split in ("dev", "test"):
@@ -90,7 +98,7 @@ def main() -> None:
     bert = token_stats(wordpiece, pairs, 512, 64, batches)
 
     # Calibration: the measured MiniLM step here against the same FLOP model.
-    throughput = json.loads((RESULTS / "training_throughput.json").read_text())
+    throughput = measured("training_throughput")
     from benchmarks.training_throughput import MAX_LENGTH, load_pairs
 
     frame = load_pairs(throughput["steps"] * throughput["batch"])
@@ -99,8 +107,9 @@ def main() -> None:
     cpu_pairs_s = throughput["raoe_bare"]["pairs_per_second"]
     cpu_flops = cpu_pairs_s * calib["padded_tokens_per_pair_one_forward"] * flops_per_token(
         MINILM_L6, calib["padded_tokens_per_pair_one_forward"] / 2)
-    objectives = json.loads((RESULTS / "objectives.json").read_text())
-    raoe_512_ms = next(r for r in objectives["rows"] if r["objective"] == "raoe_sorted" and r["batch"] == 512)["seconds"] * 1000
+    objectives = measured("objectives")
+    raoe_512 = next(r for r in objectives["rows"] if r["objective"] == "raoe_sorted" and r["batch"] == 512)
+    raoe_512_ms = raoe_512["seconds"] * 1000
 
     # BERT-base Stage 1 on one RTX 4090.
     steps = 5 * NLI_PAIRS // 512
@@ -164,7 +173,7 @@ def main() -> None:
         "GPU-hours without ASHA: " + ", ".join(f"{k} {v:.0f} on RTX 4090s / {grid_gpu_hours_a100[k]:.0f} on A100s"
                                               for k, v in grid_gpu_hours.items()) + ".", "",
     ])
-    path = write_results("scaling", payload, md)
+    path = write_results("scaling_quick" if args.quick else "scaling", payload, md)
     print(md)
     print(json.dumps({"benchmark": "scaling", "results": str(path), "bert_base_4090": bert_plan,
                       "qwen_qlora_4xa100": qwen_plan, "grid45_gpu_hours_a100": grid_gpu_hours_a100}))

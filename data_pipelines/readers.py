@@ -50,6 +50,10 @@ def read_raw(kind: str, path: str | Path, fmt: str = "auto", split: str | None =
     """Every raw record as a Ray Dataset row (fields + provenance + error); files are parsed in parallel."""
     import ray
 
+    from data_pipelines.hub import hub_rows, is_hub_source
+
+    if is_hub_source(path):
+        return hub_rows(kind, str(path), split), [str(path)], "hub"
     files, fmt = corpus_files(path, kind, fmt)
 
     def parse_file(item: dict[str, Any]) -> list[dict[str, Any]]:

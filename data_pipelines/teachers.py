@@ -92,11 +92,20 @@ class TeacherScorer:
     """``map_batches`` callable class: adds column ``s_<name>``."""
 
     def __init__(self, cfg: dict):
+        import time
+
         self.cfg = TeacherConfig(**cfg)
         self.encoder = TeacherEncoder(self.cfg)
+        self.scored, self.started = 0, time.perf_counter()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import time
+
         batch[f"s_{self.cfg.name}"] = self.encoder.pair_cosines(list(batch["text1"]), list(batch["text2"]))
+        self.scored += len(batch["text1"])
+        rate = self.scored / max(time.perf_counter() - self.started, 1e-9)
+        print(f"[raoe] teacher {self.cfg.name}: {self.scored} pairs scored by this actor ({rate:.1f} pairs/s)",
+              flush=True)
         return batch
 
 

@@ -4,7 +4,8 @@ GPU memory, so a recipe's numbers are computed rather than guessed.
   python -m encoders.memory_plan --model qwen2.5-7b --quantization nf4 --lora-r 16 --seq-len 64 \
       --gpu-gb 80 --gpus 4 --global-batch 512 --gradient-checkpointing
 
-The estimate: frozen base weights at the quantised width (NF4 with double quantisation = 4.127 bits/param), LoRA
+The estimate: frozen base weights at the quantised width (NF4 with double quantisation = 4.127 bits/param; the
+unquantised token embeddings in fp32, as PEFT's k-bit preparation casts them; an encoder loads no LM head), LoRA
 weights, gradients and AdamW states in fp32 (ZeRO-2 shards gradients and optimizer states over the GPUs),
 activations per sequence from Korthikanti et al. 2022 (bf16: s*h*(34 + 5*a*s/h) bytes per layer; with
 gradient checkpointing, one layer's worth plus 2*s*h bytes per layer), two sequences per pair (both sides), plus
@@ -29,10 +30,11 @@ class Arch:
     intermediate: int
     vocab: int
     gated_mlp: bool = True  # gate/up/down (LLaMA/Qwen) vs up/down (BERT)
+    tied_embeddings: bool = True  # False: ``params`` also counts an LM head, which an encoder does not load
 
 
 ARCHS = {
-    "qwen2.5-7b": Arch(7.62e9, 3584, 28, 28, 4, 18944, 152064),
+    "qwen2.5-7b": Arch(7.62e9, 3584, 28, 28, 4, 18944, 152064, tied_embeddings=False),
     "smollm2-135m": Arch(1.35e8, 576, 30, 9, 3, 1536, 49152),
     "bert-base": Arch(1.10e8, 768, 12, 12, 12, 3072, 30522, gated_mlp=False),
     "modernbert-base": Arch(1.49e8, 768, 22, 12, 12, 1152, 50368),
@@ -49,6 +51,21 @@ def lora_params(arch: Arch, r: int) -> int:
     shapes = [(arch.hidden, arch.hidden), (arch.hidden, kv), (arch.hidden, kv), (arch.hidden, arch.hidden)]
     shapes += ([(arch.hidden, arch.intermediate)] * (2 if arch.gated_mlp else 1)) + [(arch.intermediate, arch.hidden)]
     return arch.layers * r * sum(i + o for i, o in shapes)
+
+
+def encoder_params(arch: Arch) -> float:
+    """Parameters an encoder loads (AutoModel: an untied LM head stays behind)."""
+    return arch.params - (0 if arch.tied_embeddings else arch.vocab * arch.hidden)
+
+
+def base_weights_bytes(arch: Arch, quantization: str) -> float:
+    """The frozen base as raoe loads it. bitsandbytes quantises the linear layers only, and PEFT's
+    prepare_model_for_kbit_training then casts every parameter it did not quantise (token embeddings, norms) to
+    fp32; without quantisation the base is bf16."""
+    if quantization == "none":
+        return encoder_params(arch) * 2
+    embedding = arch.vocab * arch.hidden
+    return (encoder_params(arch) - embedding) * BITS[quantization] / 8 + embedding * 4
 
 
 def activation_bytes_per_sequence(arch: Arch, seq_len: int, checkpointing: bool) -> float:
@@ -84,8 +101,8 @@ class Plan:
 def plan(model: str, *, quantization: str = "nf4", lora_r: int | None = 16, seq_len: int = 64, gpu_gb: float = 80.0,
          gpus: int = 1, global_batch: int = 512, gradient_checkpointing: bool = True, zero_stage: int = 2) -> Plan:
     arch = ARCHS[model]
-    base_gb = arch.params * BITS[quantization] / 8 / 1e9
-    trainable = lora_params(arch, lora_r) if lora_r else int(arch.params)
+    base_gb = base_weights_bytes(arch, quantization) / 1e9
+    trainable = lora_params(arch, lora_r) if lora_r else int(encoder_params(arch))
     # fp32 master weights + grads + AdamW m and v = 16 bytes per trainable parameter; ZeRO-2 shards grads + states.
     shard = gpus if zero_stage >= 2 else 1
     states_gb = trainable * (4 + 12 / shard) / 1e9 if zero_stage >= 1 else trainable * 16 / 1e9

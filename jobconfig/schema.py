@@ -57,12 +57,14 @@ class TrainerConfig(Section):
 
 
 class DataConfig(Section):
-    train: str | None = Field(None, description="training corpus path (file or folder)")
+    train: str | None = Field(None, description="training corpus: a file, a folder, or hf:<dataset>[:<config>] "
+                              "(Hugging Face datasets, split from data.split)")
     format: Literal["auto", "pairs_jsonl", "snli_jsonl", "senteval_nli", "csv", "parquet", "stsb_csv", "senteval_sts",
                     "txt", "jsonl"] = (
         Field("auto", description="reader; auto picks by file name")
     )
-    split: str | None = Field(None, description="split name for folder layouts (SentEval: dev, test, train)")
+    split: str | None = Field(None, description="split name for folder layouts (SentEval: dev, test, train) and hf: "
+                              "datasets (default train)")
     max_rows: int | None = Field(None, ge=1, description="use only the first N rows (after shuffle_seed, if set)")
     shuffle_seed: int | None = Field(None, description="shuffle rows with this seed before max_rows (fair subsamples)")
     on_bad_record: Literal["fail", "quarantine"] = Field("fail", description="stop on bad rows, or set them aside")

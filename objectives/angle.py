@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from objectives._common import cosine_matrix
+from objectives._common import cosine_matrix, pair_cosine
 from objectives.rank_margin import cosent_loss
 
 
@@ -87,7 +87,7 @@ def angle_composite_loss(
     ids2: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """AnglE Eq. 8: w1 L_cos + w2 L_ibn + w3 L_angle."""
-    cos = F.cosine_similarity(e1, e2, dim=-1)
+    cos = pair_cosine(e1, e2)
     return (
         w_cosine * cosent_loss(cos, scores, tau=tau_cosine)
         + w_ibn * angle_ibn_loss(e1, e2, positive, tau=tau_ibn, ids1=ids1, ids2=ids2)

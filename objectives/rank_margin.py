@@ -7,6 +7,8 @@ and O(B) memory (for each i the admissible j form a suffix of the pairs sorted b
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from objectives._common import choose_form, competition_rank, log1p_sum_exp, suffix_logsumexp
@@ -42,8 +44,14 @@ def _dense(cos: torch.Tensor, ranks: torch.Tensor, margin: float, tau: float) ->
 def _sorted(cos: torch.Tensor, scores: torch.Tensor, margin: float, tau: float) -> torch.Tensor:
     # Work in score order: one sort gives the ranks and makes every admissible j-set a suffix.
     sorted_scores, order = torch.sort(scores)
-    ranks = torch.searchsorted(sorted_scores, sorted_scores, side="left").to(torch.float64)
     c = cos[order]
-    first = torch.searchsorted(ranks, ranks + margin, side="right")  # first position with r_j > r_i + I
+    if 0 <= margin < 1:  # integer ranks: r_j - r_i > I  <=>  r_j > r_i  <=>  s_j > s_i (CoSENT's one search)
+        first = torch.searchsorted(sorted_scores, sorted_scores, side="right")
+    elif margin >= 1:  # r_j > r_i + I  <=>  r_j > r_i + floor(I), all in integers
+        ranks = torch.searchsorted(sorted_scores, sorted_scores, side="left")  # 0-based competition ranks
+        first = torch.searchsorted(ranks, ranks + math.floor(margin), side="right")
+    else:
+        ranks = torch.searchsorted(sorted_scores, sorted_scores, side="left").to(torch.float64)
+        first = torch.searchsorted(ranks, ranks + margin, side="right")  # first position with r_j > r_i + I
     per_i = tau * c + suffix_logsumexp(-tau * c)[first]  # -inf where no j qualifies: adds exp(-inf) = 0
     return log1p_sum_exp(per_i)

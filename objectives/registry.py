@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from objectives._common import pair_cosine
 from objectives.angle import angle_ibn_loss, angle_loss
 from objectives.contrastive import hince_loss, infonce_loss
 from objectives.gated_angle import gated_angle_loss
@@ -47,7 +48,7 @@ class EmbeddingBatch:
 
     def cosines(self) -> torch.Tensor:
         e1, e2 = self.require("pairwise", "emb1", "emb2")
-        return F.cosine_similarity(e1, e2, dim=-1)
+        return pair_cosine(e1, e2)
 
 
 @dataclass(frozen=True)

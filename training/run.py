@@ -119,19 +119,28 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
         with ray_session():
             ray.data.DataContext.get_current().enable_progress_bars = False  # the loop prints its own progress
             ds, report = load_corpus(kind, cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
-                                     max_rows=cfg.data.max_rows, shuffle_seed=cfg.data.shuffle_seed,
+                                     max_rows=None if cfg.data.triplets else cfg.data.max_rows,
+                                     shuffle_seed=cfg.data.shuffle_seed,
                                      on_bad_record=cfg.data.on_bad_record,
                                      quarantine_path=Path(cfg.output_dir) / run_name / "quarantine.jsonl")
             rows = report.rows_written
             if cfg.data.triplets:
                 from data_pipelines.triplets import nli_triplets
 
-                ds = nli_triplets(ds).materialize()
+                # Sorted by premise, then shuffled with a seed: the loop's local shuffle buffer alone would leave
+                # each batch in a narrow alphabetical window of near-duplicate premises on a large corpus.
+                ds = nli_triplets(ds).random_shuffle(seed=cfg.data.shuffle_seed or cfg.trainer.seed)
+                if cfg.data.max_rows is not None:  # counts triplets here: a pair subsample would break the groups
+                    ds = ds.limit(cfg.data.max_rows)
+                ds = ds.materialize()
                 rows = ds.count()
+                if rows == 0:
+                    raise ValueError(f"data.triplets: none of the {report.rows_written} NLI pairs has a premise with "
+                                     f"both an entailment and a contradiction hypothesis")
                 print(f"[raoe] {rows} SimCSE triplets (premise, entailment, contradiction) from "
                       f"{report.rows_written} NLI pairs", flush=True)
-            if "scores" in _needs(cfg.objective.weights, params, kind):
-                missing = ds.filter(lambda r: r["similarity"] is None).count()
+            if "scores" in _needs(cfg.objective.weights, params, provided):
+                missing = ds.filter(lambda r: r["similarity"] is None or r["similarity"] != r["similarity"]).count()
                 if missing:
                     raise ValueError(f"{missing} of {report.rows_written} training pairs have no similarity S; "
                                      f"annotate them first (ray_jobs/annotate.py) or pick objectives without S")
@@ -199,12 +208,12 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
     }
 
 
-def _needs(weights, params, kind) -> set[str]:
+def _needs(weights, params, provided: tuple[str, ...]) -> set[str]:
     """Batch fields the composite reads (probe each field's absence)."""
     needed = set()
-    for field in PROVIDES[kind]:
+    for field in provided:
         try:
-            check_objective_fits(weights, params, tuple(f for f in PROVIDES[kind] if f != field))
+            check_objective_fits(weights, params, tuple(f for f in provided if f != field))
         except ValueError:
             needed.add(field)
     return needed
@@ -231,6 +240,8 @@ def _worker_env() -> dict[str, str]:
     env = worker_env()
     # DeepSpeed compiles its ops once (25-80 s here): keep them in a cache every worker shares.
     env.setdefault("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR", str(cache_root() / "torch_extensions")))
+    # Train v2 tees every print of a worker to its logger as well as to stdout: each progress line came out twice.
+    env.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     return env
 
 

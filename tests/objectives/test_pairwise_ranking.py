@@ -26,7 +26,7 @@ def test_competition_rank_matches_scipy_min():
 
 
 @pytest.mark.parametrize("method", ["dense", "sorted"])
-@pytest.mark.parametrize("margin", [0, 1, 2, 3.5, 10])
+@pytest.mark.parametrize("margin", [-1.5, 0, 0.5, 1, 2, 3.5, 10])
 @pytest.mark.parametrize("tau", [1.0, 5.0, 20.0])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_rank_margin_equals_double_loop(method, margin, tau, seed):
