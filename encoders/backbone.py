@@ -136,6 +136,20 @@ def embed(module, model, texts: list[str], device: str | torch.device = "cpu") -
     return module(encode_features(model, texts, device))["sentence_embedding"]
 
 
+def embed_by_length(module, model, texts: list[str], device: str | torch.device = "cpu", buckets: int = 2) -> torch.Tensor:
+    """``embed`` in ``buckets`` forward passes over the texts grouped by length, each padded only to its own longest
+    text (an SNLI premise is about twice as long as its hypothesis); embeddings come back in input order."""
+    if buckets <= 1 or len(texts) < 2 * buckets:
+        return embed(module, model, texts, device)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    size = -(-len(texts) // buckets)
+    parts = [embed(module, model, [texts[i] for i in order[start:start + size]], device)
+             for start in range(0, len(texts), size)]
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order)] = torch.arange(len(order))
+    return torch.cat(parts)[inverse.to(parts[0].device)]
+
+
 def text_ids(texts: list[str]) -> torch.Tensor:
     """Stable 63-bit ids of texts, equal across workers and processes (AnglE's in-batch negatives must not
     count a duplicate of the positive as a negative)."""

@@ -94,6 +94,11 @@ def _smollm2() -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # transformers dequantises GGUF to fp32 on load but keeps a GGUF "quantizer" that refuses save_pretrained:
+    # what is saved is a plain fp32 checkpoint.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     with building(target) as staging:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)

@@ -46,6 +46,8 @@ class TrainerConfig(Section):
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="linear warm-up share of the steps")
     grad_clip: float | None = Field(1.0, gt=0, description="max gradient norm; null disables")
     bf16: bool = Field(False, description="bf16 autocast")
+    length_buckets: int = Field(2, ge=1, description="forward passes per micro-batch over its texts grouped by length "
+                                "(each padded to its own longest text); 1 = one pass")
     seed: int = Field(42, description="seeds Python, NumPy, torch and the data order")
     cpus_per_worker: float = Field(0.5, gt=0, description="fractional on CPU so Ray Data readers never starve")
     use_gpu: bool = Field(False)

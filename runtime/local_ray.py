@@ -68,7 +68,10 @@ def start_ray(num_cpus: int | None = None) -> bool:
     apply_safe_local_env()
     ray.init(
         num_cpus=num_cpus,
-        include_dashboard=False,
+        # The dashboard serves Ray's State API, which Ray Train v2's placement-group cleaner polls every second
+        # (without it, it warns each time and cannot clean up); loopback only, like every other listener.
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
         _node_ip_address="127.0.0.1",
         runtime_env=runtime_env,
         configure_logging=True,

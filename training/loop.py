@@ -41,17 +41,18 @@ def _column(batch: dict[str, np.ndarray], name: str) -> np.ndarray | None:
     return values
 
 
-def embedding_batch(module, model, batch: dict[str, np.ndarray], device, autocast=None):
+def embedding_batch(module, model, batch: dict[str, np.ndarray], device, autocast=None, length_buckets: int = 1):
     """The global EmbeddingBatch for this micro-batch: local embeddings (bf16 autocast only around the
-    encoder, never the objective), gathered with gradient."""
-    from encoders.backbone import embed, text_ids
+    encoder, never the objective), gathered with gradient. All texts of the micro-batch go through the encoder
+    together, in ``length_buckets`` length-grouped forward passes."""
+    from encoders.backbone import embed_by_length, text_ids
     from objectives.gather import gather_no_grad, gather_with_grad
     from objectives.registry import EmbeddingBatch
 
     text1, text2 = [str(t) for t in batch["text1"]], [str(t) for t in batch["text2"]]
     negatives = [str(t) for t in batch["text_neg"]] if "text_neg" in batch else []  # SimCSE triplets
     with autocast or contextlib.nullcontext():
-        every = embed(module, model, text1 + text2 + negatives, device)  # one forward: one padding, one DDP pass
+        every = embed_by_length(module, model, text1 + text2 + negatives, device, length_buckets)
     every = every.float()
     n = len(text1)
     e1, e2, e_neg = every[:n], every[n: 2 * n], every[2 * n:]
@@ -162,7 +163,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             used += 1
             last_micro = used % plan.grad_accum == 0
             with strategy.sync_context(last_micro):
-                loss, parts = objective(embedding_batch(strategy.module, model, batch, device, autocast))
+                loss, parts = objective(embedding_batch(strategy.module, model, batch, device, autocast,
+                                                        trainer_cfg["length_buckets"]))
                 strategy.backward(loss)
             strategy.micro_step()
             loss_sum += float(loss.detach()) / plan.grad_accum

