@@ -103,5 +103,7 @@ def load_corpus(
                 entry = {"source": r["source"], "line": r["line"], "reason": r["error"], "raw": r["raw"]}
                 out.write(json.dumps(entry) + "\n")
         report.quarantine_path = str(target.resolve())
-    good = records.filter(lambda r: r["error"] is None).select_columns(list(FIELDS[kind]))
+    # Materialised into the object store: a consumer (a Ray Train worker group holding most CPUs, a Tune trial)
+    # then streams blocks without needing a CPU for read/filter tasks, which could otherwise wait forever.
+    good = records.filter(lambda r: r["error"] is None).select_columns(list(FIELDS[kind])).materialize()
     return good, report

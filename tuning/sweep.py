@@ -87,7 +87,7 @@ def run_trial(config: dict[str, Any]) -> None:
     if Path(config["cwd"]).is_dir():  # Tune runs trials in their own folder; config paths are the driver's
         os.chdir(config["cwd"])
     # The driver's MLflow store, explicitly: a Ray that was already running carries an older environment.
-    os.environ.update(config.get("env", {}))
+    os.environ.update(config.get("tracking_env", {}))
     spec = SweepSpec(**config["spec"])
     cfg = trial_config(spec, config["point"], config["sweep_name"], config["storage"])
     result = run_training(cfg, register=False, parent_run_id=config["parent_run_id"], callbacks=[TuneReportCallback()])
@@ -117,14 +117,25 @@ def sweep_table(results, points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plot_heatmap(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Path | None:
-    """Dev Spearman over the first two grid axes (averaged over any further axes)."""
-    if len(keys) < 2 or not rows:
+    """Dev Spearman over the first two grid axes (averaged over any further axes); a line over a one-axis grid."""
+    if not keys or not rows:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+
+    if len(keys) == 1:
+        points = sorted((r[keys[0]], r[METRIC]) for r in rows if r[METRIC] is not None)
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.plot([str(x) for x, _ in points], [y for _, y in points], marker="o")
+        ax.set(xlabel=keys[0], ylabel="STS-B dev Spearman x100")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
 
     xs = sorted({r[keys[0]] for r in rows})
     ys = sorted({r[keys[1]] for r in rows})
@@ -182,7 +193,7 @@ def run_sweep(spec: SweepSpec, spec_path: str | None = None) -> dict[str, Any]:
                     trainable,
                     param_space={"point": ray.tune.grid_search(points), "spec": spec.model_dump(),
                                  "sweep_name": sweep_name, "storage": storage, "parent_run_id": parent_run_id,
-                                 "cwd": os.getcwd(), "env": _tracking_env()},
+                                 "cwd": os.getcwd(), "tracking_env": _tracking_env()},
                     tune_config=ray.tune.TuneConfig(metric=METRIC, mode="max", scheduler=scheduler,
                                                     max_concurrent_trials=spec.max_concurrent_trials),
                     run_config=ray.tune.RunConfig(name=sweep_name, storage_path=storage),
