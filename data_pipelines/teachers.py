@@ -89,35 +89,45 @@ class TeacherEncoder:
 
 
 class TeacherScorer:
-    """``map_batches`` callable class: adds column ``s_<name>``."""
+    """``map_batches`` callable class holding one or more teachers: adds a column ``s_<name>`` per teacher, the
+    teachers taking turns on each batch."""
 
-    def __init__(self, cfg: dict):
+    def __init__(self, cfgs: list[dict]):
         import time
 
-        self.cfg = TeacherConfig(**cfg)
-        self.encoder = TeacherEncoder(self.cfg)
+        self.cfgs = [TeacherConfig(**c) for c in cfgs]
+        self.encoders = [TeacherEncoder(c) for c in self.cfgs]
         self.scored, self.started = 0, time.perf_counter()
+        self.label = "+".join(c.name for c in self.cfgs)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import time
 
-        batch[f"s_{self.cfg.name}"] = self.encoder.pair_cosines(list(batch["text1"]), list(batch["text2"]))
-        self.scored += len(batch["text1"])
+        text1, text2 = list(batch["text1"]), list(batch["text2"])
+        for cfg, encoder in zip(self.cfgs, self.encoders):
+            batch[f"s_{cfg.name}"] = encoder.pair_cosines(text1, text2)
+        self.scored += len(text1)
         rate = self.scored / max(time.perf_counter() - self.started, 1e-9)
-        print(f"[raoe] teacher {self.cfg.name}: {self.scored} pairs scored by this actor ({rate:.1f} pairs/s)",
+        print(f"[raoe] teacher {self.label}: {self.scored} pairs scored by this actor ({rate:.1f} pairs/s)",
               flush=True)
         return batch
 
 
-def add_teacher_scores(ds, teachers: list[TeacherConfig], batch_rows: int = 256):
-    """One actor-pool stage per teacher, then S = mean over teachers, clipped to [0, 1] (S must be a
-    similarity in [0, 1]; a negative cosine means 'unrelated', i.e. 0)."""
+def add_teacher_scores(ds, teachers: list[TeacherConfig], batch_rows: int = 256, pools: str = "shared"):
+    """Teacher columns, then S = mean over teachers, clipped to [0, 1] (S must be a similarity in [0, 1]; a
+    negative cosine means 'unrelated', i.e. 0).
+
+    ``pools="shared"``: one actor pool whose actors hold every teacher and run them in turn on each batch, so
+    teachers never compete for the same cores (the most actors and CPUs any teacher asks for). ``"separate"``:
+    one pool per teacher with its own actors and CPUs (e.g. a large teacher on GPU nodes next to small ones)."""
     import ray
 
-    for t in teachers:
+    groups = [teachers] if pools == "shared" else [[t] for t in teachers]
+    for group in groups:
         ds = ds.map_batches(
-            TeacherScorer, fn_constructor_kwargs={"cfg": t.model_dump()}, batch_size=batch_rows,
-            compute=ray.data.ActorPoolStrategy(size=t.actors), num_cpus=t.cpus_per_actor, batch_format="numpy",
+            TeacherScorer, fn_constructor_kwargs={"cfgs": [t.model_dump() for t in group]}, batch_size=batch_rows,
+            compute=ray.data.ActorPoolStrategy(size=max(t.actors for t in group)),
+            num_cpus=max(t.cpus_per_actor for t in group), batch_format="numpy",
         )
     columns = [f"s_{t.name}" for t in teachers]
 

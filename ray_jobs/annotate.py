@@ -4,6 +4,8 @@ set: text1, text2, label, similarity S = mean over teachers (RAOE Appendix A), p
   python ray_jobs/annotate.py --config configs/annotate/snli-dev-test.yaml [--set key=value ...]
 """
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
@@ -23,6 +25,9 @@ class AnnotateJobConfig(Section):
     output_dir: str = Field("outputs/annotated", description="where the scored set and its plot go")
     output_format: str = Field("parquet", pattern="^(parquet|jsonl)$", description="parquet or jsonl")
     batch_rows: int = Field(256, ge=1, description="pairs per map_batches call")
+    teacher_pools: Literal["shared", "separate"] = Field(
+        "shared", description="shared: every actor holds all teachers, which take turns on each batch (no two "
+        "teachers compete for the same cores); separate: one actor pool per teacher, each with its own resources")
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-annotate"))
 
     @field_validator("teachers")
@@ -66,7 +71,7 @@ def main(cfg: AnnotateJobConfig) -> dict:
             reports.append(report)
         ds = datasets[0].union(*datasets[1:]) if len(datasets) > 1 else datasets[0]
         print(f"scoring {sum(r.rows_written for r in reports)} pairs with {len(cfg.teachers)} teacher(s) ...", flush=True)
-        scored = add_teacher_scores(ds, cfg.teachers, cfg.batch_rows).materialize()
+        scored = add_teacher_scores(ds, cfg.teachers, cfg.batch_rows, cfg.teacher_pools).materialize()
         shutil.rmtree(out / "data", ignore_errors=True)
         if cfg.output_format == "parquet":
             scored.write_parquet(str(out / "data"))

@@ -12,7 +12,8 @@ import pytest
 from data_pipelines.teachers import TeacherConfig, TeacherEncoder
 
 
-def test_annotate_job_scores_equal_direct_teacher_cosines(tmp_path):
+@pytest.mark.parametrize("pools", ["shared", "separate"])
+def test_annotate_job_scores_equal_direct_teacher_cosines(tmp_path, pools):
     pairs = [
         {"text1": "a man is playing music", "text2": "a person plays a guitar", "label": "entailment"},
         {"text1": "a man is playing music", "text2": "a dog sleeps", "label": "contradiction"},
@@ -27,6 +28,7 @@ def test_annotate_job_scores_equal_direct_teacher_cosines(tmp_path):
         sys.executable, "ray_jobs/annotate.py", "--config", "configs/tiny/annotate.yaml",
         "--set", f"data.train={data}", "--set", "data.format=pairs_jsonl", "--set", "data.splits=[]",
         "--set", "data.max_rows=null", "--set", "data.on_bad_record=quarantine", "--set", f"output_dir={out}",
+        "--set", f"teacher_pools={pools}",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
