@@ -21,8 +21,6 @@ import json
 import os
 import re
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -148,23 +146,11 @@ def run_raoe_ray(frame, steps: int, batch: int, workdir: Path) -> dict:
             "job_wall_seconds": wall}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_submit_latency(workdir: Path, batch: int) -> dict:
     """`ray job submit` of the tiny-step Stage 2 job to a local head started here; the second submission is timed
     (the first warms the head: working-dir upload cache, worker processes, model cache)."""
-    venv = Path(sys.executable).parent
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
-           "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{venv}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env.pop("RAY_ADDRESS", None)
-    dashboard = free_port()
-    subprocess.run([str(venv / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()),
-                    "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard), "--num-cpus", "2",
-                    "--disable-usage-stats"], env=env, check=True, stdout=subprocess.DEVNULL)
+    from runtime.local_head import LocalHead, head_env
+
     runtime_env = {"env_vars": {"MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'submit.db'}",
                                 "RAOE_MLFLOW_ARTIFACTS": str(workdir / "submit-artifacts"), "HF_HUB_OFFLINE": "1"}}
     job = ["python", "ray_jobs/stage2.py", "--config", "configs/stage2/minilm-stsb-cpu.yaml",
@@ -173,21 +159,15 @@ def run_submit_latency(workdir: Path, batch: int) -> dict:
            "--set", f"eval.data_dir={workdir / 'none'}", "--set", f"trainer.storage_path={workdir / 'submit-runs'}",
            "--set", f"output_dir={workdir / 'submit-models'}"]
     seconds = []
-    try:
+    with LocalHead(head_env()) as head:
         for attempt in range(2):
-            cmd = [str(venv / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{dashboard}", "--working-dir", ".",
-                   "--runtime-env-json", json.dumps(runtime_env), "--", *job, "--set", f"tracking.run_name=submit-{attempt}"]
-            start = time.perf_counter()
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            first_step = None
-            for line in proc.stdout:
+            start, first_step = time.perf_counter(), None
+            for line in head.submit([*job, "--set", f"tracking.run_name=submit-{attempt}"], runtime_env, cwd=ROOT):
                 if first_step is None and re.search(r"\[raoe\] step 1/", line):
                     first_step = time.perf_counter() - start
-            if proc.wait() != 0 or first_step is None:
+            if head.returncode != 0 or first_step is None:
                 raise RuntimeError(f"submitted job failed (attempt {attempt})")
             seconds.append(first_step)
-    finally:
-        subprocess.run([str(venv / "ray"), "stop"], env=env, stdout=subprocess.DEVNULL, check=False)
     return {"cold_seconds": seconds[0], "warm_seconds": seconds[1]}
 
 

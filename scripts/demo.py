@@ -16,14 +16,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV_BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT))
+
+from runtime.local_head import VENV_BIN, LocalHead, head_env  # noqa: E402
+
 TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"]
 
 
@@ -35,41 +36,13 @@ def find_data_dir() -> Path:
     return base
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LocalHead:
-    """`ray start --head` on loopback for the length of the demo; `ray stop` at the end."""
-
-    def __init__(self, env: dict[str, str]):
-        self.env = env
-        self.dashboard = free_port()
-        self.address = f"http://127.0.0.1:{self.dashboard}"
-
-    def __enter__(self):
-        cmd = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()),
-               "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard), "--num-cpus", "2",
-               "--disable-usage-stats"]
-        subprocess.run(cmd, env=self.env, check=True, stdout=subprocess.DEVNULL)
-        return self
-
-    def __exit__(self, *exc):
-        subprocess.run([str(VENV_BIN / "ray"), "stop"], env=self.env, stdout=subprocess.DEVNULL, check=False)
-
-
 def submit(head: LocalHead, env: dict[str, str], job_args: list[str]) -> dict:
     """`ray job submit --working-dir .` a job, stream its output, return its JSON result line."""
     runtime_env = {"env_vars": {k: env[k] for k in ("MLFLOW_TRACKING_URI", "RAOE_MLFLOW_ARTIFACTS", "HF_HUB_OFFLINE",
                                                     "RAOE_CACHE", "MLFLOW_DISABLE_TELEMETRY") if k in env}}
-    cmd = [str(VENV_BIN / "ray"), "job", "submit", "--address", head.address, "--working-dir", ".",
-           "--runtime-env-json", json.dumps(runtime_env), "--", "python", *job_args]
     print("$ ray job submit --working-dir . -- python " + " ".join(job_args), flush=True)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     result, tail = None, []
-    for line in proc.stdout:
+    for line in head.submit(["python", *job_args], runtime_env, cwd=ROOT):
         text = line.strip()
         tail = (tail + [text])[-40:]
         if text.startswith('{"job"'):
@@ -77,7 +50,6 @@ def submit(head: LocalHead, env: dict[str, str], job_args: list[str]) -> dict:
         elif text.startswith(("[raoe]", "scoring", "encoding", "raoe-", "task", "STS", "SICK", "avg")) or \
                 "[raoe]" in text:
             print("   " + text.split("[0m ")[-1], flush=True)
-    proc.wait()
     if not result or result.get("status") != "ok":
         print("\n".join(tail), file=sys.stderr)
         sys.exit(f"demo: job {job_args[0]} failed: {result.get('error') if result else 'no result line'}")
@@ -91,12 +63,9 @@ def main() -> None:
     stsb_pairs = int(os.environ.get("DEMO_STSB_PAIRS", 2000))
     out = (ROOT / "outputs" / "demo").resolve()
     shutil.rmtree(out, ignore_errors=True)
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
-           "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
+    env = head_env({"HF_HUB_OFFLINE": "1"})
     env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{ROOT / 'mlflow.db'}")
     env.setdefault("RAOE_MLFLOW_ARTIFACTS", str(ROOT / "mlartifacts"))
-    env.pop("RAY_ADDRESS", None)
-    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"  # job entrypoints' `python` is this venv's
     senteval = data / "senteval"
     evaluate = ["ray_jobs/evaluate.py", "--config", "configs/evaluate/sts.yaml", "--set", f"eval.data_dir={senteval}",
                 "--set", "eval.stsb_split=dev", "--set", "eval.batch_size=128", "--set", f"output_dir={out}/eval"]
