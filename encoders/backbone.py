@@ -145,8 +145,7 @@ def embed_by_length(module, model, texts: list[str], device: str | torch.device 
     size = -(-len(texts) // buckets)
     parts = [embed(module, model, [texts[i] for i in order[start:start + size]], device)
              for start in range(0, len(texts), size)]
-    inverse = torch.empty(len(order), dtype=torch.long)
-    inverse[torch.tensor(order)] = torch.arange(len(order))
+    inverse = torch.tensor(order).argsort()  # position of each input text in the sorted order
     return torch.cat(parts)[inverse.to(parts[0].device)]
 
 

@@ -43,7 +43,12 @@ def default_run_name(stage: str) -> str:
 
 
 def plot_dev_curve(history: list[dict[str, Any]], path: Path) -> Path | None:
-    points = [(h["step"], h[DEV_METRIC]) for h in history if h.get(DEV_METRIC) is not None]
+    return plot_dev_line([(h["step"], h[DEV_METRIC]) for h in history if h.get(DEV_METRIC) is not None],
+                         "optimizer step", path)
+
+
+def plot_dev_line(points: list[tuple[Any, float]], xlabel: str, path: Path) -> Path | None:
+    """STS-B dev Spearman along one axis (a run's optimizer steps, a one-axis sweep's values); None without points."""
     if not points:
         return None
     import matplotlib
@@ -53,7 +58,7 @@ def plot_dev_curve(history: list[dict[str, Any]], path: Path) -> Path | None:
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
     ax.plot(*zip(*points), marker="o")
-    ax.set_xlabel("optimizer step")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("STS-B dev Spearman x100")
     ax.grid(alpha=0.3)
     fig.tight_layout()

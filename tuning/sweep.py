@@ -120,22 +120,16 @@ def plot_heatmap(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Pat
     """Dev Spearman over the first two grid axes (averaged over any further axes); a line over a one-axis grid."""
     if not keys or not rows:
         return None
+    if len(keys) == 1:
+        from training.run import plot_dev_line
+
+        points = sorted((r[keys[0]], r[METRIC]) for r in rows if r[METRIC] is not None)
+        return plot_dev_line([(str(x), y) for x, y in points], keys[0], path)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-
-    if len(keys) == 1:
-        points = sorted((r[keys[0]], r[METRIC]) for r in rows if r[METRIC] is not None)
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.plot([str(x) for x, _ in points], [y for _, y in points], marker="o")
-        ax.set(xlabel=keys[0], ylabel="STS-B dev Spearman x100")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
 
     xs = sorted({r[keys[0]] for r in rows})
     ys = sorted({r[keys[1]] for r in rows})
