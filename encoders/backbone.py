@@ -60,6 +60,15 @@ def adapter_base(path: str) -> str | None:
     return json.loads(config.read_text())["base_model_name_or_path"] if config.exists() else None
 
 
+def adapters_in_fp32(module: torch.nn.Module) -> None:
+    """LoRA weights on a bf16-compute 4-bit base come out bf16: keep them fp32 in training and after reloading, as
+    peft's ``autocast_adapter_dtype`` does (the base computes in bf16 either way; ``trainer.bf16`` never means bf16
+    weights)."""
+    for name, param in module.named_parameters():
+        if "lora_" in name and param.is_floating_point() and param.dtype != torch.float32:
+            param.data = param.data.float()
+
+
 def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 64, dropout: float | None = None,
                   prompt: str | None = None, device: str = "cpu", quantization: str = "none",
                   lora: dict[str, Any] | None = None, padding_side: str | None = None,
@@ -93,12 +102,17 @@ def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 6
     if quant is not None or lora or adapter:
         for param in auto_model.parameters():  # the base stays frozen; only adapters train
             param.requires_grad_(False)
+    # Non-reentrant checkpointing: with reentrant segments (torch's and peft's default) each segment runs its own
+    # backward, so a weight used in two forward passes of one step (length buckets) gets two gradient hooks, and
+    # DDP/ZeRO reduce a partial gradient: wrong across workers (the exact-gradient tests catch it).
+    checkpointing = {"use_reentrant": False}
     if quant is not None:
         from peft import prepare_model_for_kbit_training
 
-        prepare_model_for_kbit_training(auto_model, use_gradient_checkpointing=gradient_checkpointing)
+        prepare_model_for_kbit_training(auto_model, use_gradient_checkpointing=gradient_checkpointing,
+                                        gradient_checkpointing_kwargs=checkpointing)
     elif gradient_checkpointing:
-        auto_model.gradient_checkpointing_enable()
+        auto_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing)
     if adapter:
         auto_model.load_adapter(model_path, adapter_name="default", is_trainable=bool(lora))
     elif lora:
@@ -106,6 +120,7 @@ def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 6
 
         auto_model.add_adapter(LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
                                           target_modules=lora["target_modules"], bias="none"))
+    adapters_in_fp32(auto_model)
     for name, param in auto_model.named_parameters():
         if name.startswith("pooler."):  # BERT's pooler is not on the embedding's path: a frozen, gradient-free
             param.requires_grad_(False)  # parameter would stall DDP's gradient all-reduce
@@ -177,6 +192,15 @@ def load_encoder(path: str | Path, device: str = "cpu"):
     quant = quantization_config(meta.get("quantization", "none"))
     model = SentenceTransformer(str(path), device=device if quant is None else None,
                                 model_kwargs={"quantization_config": quant} if quant is not None else None)
+    adapter_file = Path(path) / "adapter_model.safetensors"
+    if quant is not None and adapter_file.exists():  # peft loaded the saved fp32 adapter into bf16: load it again
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        auto_model = model[0].auto_model
+        adapters_in_fp32(auto_model)
+        saved = {k.removeprefix("base_model.model."): v for k, v in load_file(str(adapter_file)).items()}
+        set_peft_model_state_dict(auto_model, saved, adapter_name="default")
     if meta.get("padding_side"):
         model.tokenizer.padding_side = meta["padding_side"]
     model.raoe_prompt = meta.get("prompt")

@@ -50,9 +50,10 @@ def angle_ibn_loss(
     ``positive[B]`` (bool) marks the pairs labelled as positives; only they are anchors, and for a
     graded label the caller decides what counts as positive (no integer cast of scores). The
     candidates of anchor i are all second sentences of the batch. A candidate j != i whose text is
-    the anchor's own positive text (``ids2[j] == ids2[i]``), or that is the positive of an anchor
-    with the same text (``ids1[j] == ids1[i]`` and ``positive[j]``), is not a negative: it is left
-    out of the denominator, so duplicates never push identical sentences apart. ``ids*`` are integer
+    the anchor's own positive text (``ids2[j] == ids2[i]``), the anchor's own text (``ids2[j] ==
+    ids1[i]``: a swapped duplicate pair (b, a) of (a, b)), or the positive of an anchor with the
+    same text (``ids1[j] == ids1[i]`` and ``positive[j]``), is not a negative: it is left out of the
+    denominator, so duplicates never push identical sentences apart. ``ids*`` are integer
     text ids (e.g. hashes); without them no duplicates are assumed.
     """
     positive = positive.bool()
@@ -63,6 +64,8 @@ def angle_ibn_loss(
     duplicate = torch.zeros(n, n, dtype=torch.bool, device=logits.device)
     if ids2 is not None:
         duplicate |= ids2[:, None] == ids2[None, :]
+    if ids1 is not None and ids2 is not None:
+        duplicate |= ids1[:, None] == ids2[None, :]
     if ids1 is not None:
         duplicate |= (ids1[:, None] == ids1[None, :]) & positive[None, :]
     duplicate.fill_diagonal_(False)

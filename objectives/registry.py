@@ -155,6 +155,18 @@ def objective_params(name: str, overrides: dict[str, Any] | None = None) -> dict
     return params
 
 
+def check_inputs(batch: EmbeddingBatch) -> None:
+    """Refuse what the losses would silently mis-rank: a non-finite S (NaN compares false, so the dense and the
+    sorted forms disagree) or a label outside E/N/C. Called on the gathered batch, so every worker agrees."""
+    if batch.scores is not None and not bool(torch.isfinite(batch.scores).all()):
+        bad = int((~torch.isfinite(batch.scores)).sum())
+        raise ValueError(f"{bad} of {batch.scores.numel()} similarity scores S in this batch are NaN or infinite; "
+                         f"annotate the corpus (ray_jobs/annotate.py) or fix its 'similarity' column")
+    if batch.labels is not None and not bool(((batch.labels >= 0) & (batch.labels <= CONTRADICTION)).all()):
+        raise ValueError(f"NLI labels must be entailment/neutral/contradiction (0/1/2); this batch holds "
+                         f"{sorted(set(batch.labels.tolist()))}")
+
+
 class CompositeObjective:
     """sum_k w_k L_k(batch); components with weight 0 are skipped. Returns (total, {name: value})."""
 
@@ -166,9 +178,14 @@ class CompositeObjective:
         self.params = {n: objective_params(n, params.get(n)) for n in self.weights}
 
     def __call__(self, batch: EmbeddingBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        parts = {n: SPECS[n].compute(batch, self.params[n]) for n in self.weights}
+        check_inputs(batch)
+        parts = self.parts(batch)
         total = sum(self.weights[n] * parts[n] for n in parts)
         return total, parts
+
+    def parts(self, batch: EmbeddingBatch) -> dict[str, torch.Tensor]:
+        """Each component's unweighted value (no input checks: the driver probes which fields they read)."""
+        return {n: SPECS[n].compute(batch, self.params[n]) for n in self.weights}
 
     def describe(self) -> dict[str, Any]:
         """What is trained, for run params and model cards."""

@@ -1,7 +1,9 @@
 """The per-worker training loop (Ray Train's ``train_loop_per_worker``).
 
-Each worker reads its shard, embeds both sides of its micro-batch, all-gathers the embeddings with gradient
-so the composite objective sees the global batch, and steps its strategy. Rank 0 evaluates STS-B dev every
+Each worker holds the corpus and takes its micro-batches by index (``StepPlan.micro_rows``: a function of seed,
+step, micro-batch and rank), embeds them, all-gathers the embeddings with gradient so the composite objective
+sees the global batch, and steps its strategy; dropout is re-seeded per micro-batch the same way. So a run is the
+same on any worker count, and a resumed run continues exactly where it stopped. Rank 0 evaluates STS-B dev every
 ``eval_every`` steps; every worker then reports the metrics with a checkpoint (model in sentence-transformers
 format, optimizer, scheduler, step) that a restarted worker group resumes from.
 """
@@ -21,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from training.rows import load_rows, take
+
 FAULT_ENV = "RAOE_FAULT_AT_STEP"  # tests: the last worker kills its own process after this step, once
 MODEL_DIR = "model"
 PROGRESS_FILE = "progress.json"  # step, best dev and the dev curve, readable without torch or DeepSpeed
@@ -33,18 +37,22 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _column(batch: dict[str, np.ndarray], name: str) -> np.ndarray | None:
-    """A batch column, or None when the data does not carry it (e.g. no labels in STS data, no S yet)."""
-    values = batch.get(name)
-    if values is None or any(v is None or (isinstance(v, float) and np.isnan(v)) for v in values):
-        return None
-    return values
+def seed_micro_batch(seed: int, step: int, micro: int, rank: int) -> None:
+    """Dropout masks from (seed, step, micro-batch, rank) alone: a resumed run draws the masks an uninterrupted
+    one would, with no RNG state to save (torch.manual_seed also seeds every CUDA device)."""
+    torch.manual_seed(int(np.random.SeedSequence([seed, step, micro, rank]).generate_state(1)[0]))
 
 
-def embedding_batch(module, model, batch: dict[str, np.ndarray], device, autocast=None, length_buckets: int = 1):
-    """The global EmbeddingBatch for this micro-batch: local embeddings (bf16 autocast only around the
-    encoder, never the objective), gathered with gradient. All texts of the micro-batch go through the encoder
-    together, in ``length_buckets`` length-grouped forward passes."""
+# What each batch field is read from; the driver decides which ones the objective needs, the same on every worker.
+FIELD_COLUMNS = {"scores": "similarity", "labels": "label"}
+
+
+def embedding_batch(module, model, batch: dict[str, np.ndarray], device, autocast=None, length_buckets: int = 1,
+                    fields: tuple[str, ...] = ("scores", "labels")):
+    """The global EmbeddingBatch for this micro-batch: local embeddings (autocast only around the encoder, never
+    the objective), gathered with gradient, plus the ``fields`` the objective reads, gathered without. Every
+    worker gathers the same fields in the same order, whatever its own rows hold. All texts of the micro-batch
+    go through the encoder together, in ``length_buckets`` length-grouped forward passes."""
     from encoders.backbone import embed_by_length, text_ids
     from objectives.gather import gather_no_grad, gather_with_grad
     from objectives.registry import EmbeddingBatch
@@ -56,19 +64,16 @@ def embedding_batch(module, model, batch: dict[str, np.ndarray], device, autocas
     every = every.float()
     n = len(text1)
     e1, e2, e_neg = every[:n], every[n: 2 * n], every[2 * n:]
-    scores, labels = _column(batch, "similarity"), _column(batch, "label")
+    extra = {}
+    if "scores" in fields:  # None (not annotated) becomes NaN, which the objective refuses by name
+        scores = np.array([np.nan if v is None else v for v in batch["similarity"]], dtype=np.float32)
+        extra["scores"] = gather_no_grad(torch.from_numpy(scores).to(device))
+    if "labels" in fields:
+        labels = np.array([-1 if v is None else v for v in batch["label"]], dtype=np.int64)
+        extra["labels"] = gather_no_grad(torch.from_numpy(labels).to(device))
     return EmbeddingBatch(
         emb1=gather_with_grad(e1), emb2=gather_with_grad(e2), emb_neg=gather_with_grad(e_neg) if negatives else None,
-        scores=None if scores is None else gather_no_grad(torch.tensor(scores.astype(np.float32), device=device)),
-        labels=None if labels is None else gather_no_grad(torch.tensor(labels.astype(np.int64), device=device)),
-        ids1=gather_no_grad(text_ids(text1).to(device)), ids2=gather_no_grad(text_ids(text2).to(device)),
-    )
-
-
-def _epoch_batches(shard, plan, seed: int, epoch: int, rank: int):
-    return shard.iter_batches(
-        batch_size=plan.micro_batch, batch_format="numpy", drop_last=True,
-        local_shuffle_buffer_size=min(plan.rows_per_worker, 10_000), local_shuffle_seed=seed + 1000 * epoch + rank,
+        ids1=gather_no_grad(text_ids(text1).to(device)), ids2=gather_no_grad(text_ids(text2).to(device)), **extra,
     )
 
 
@@ -142,80 +147,81 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     resumed_at = step if resume_dir else None
 
     objective = CompositeObjective(config["objective"]["weights"], config["objective"]["params"])
+    fields = tuple(config.get("fields", ("scores", "labels")))
     evaluator, metrics_log = Evaluator(config["eval"]), MetricsLog(config.get("mlflow") if rank == 0 else None)
-    shard = ray.train.get_dataset_shard("train")
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(trainer_cfg["bf16"]))
-    fault_step = int(os.environ.get(FAULT_ENV, "0") or 0)
+    rows = load_rows(ray.train.get_dataset_shard("train"))  # the whole corpus: micro-batches are taken by index
+    if len(next(iter(rows.values()))) != plan.rows:
+        raise RuntimeError(f"worker {rank} read {len(next(iter(rows.values())))} rows, the plan has {plan.rows}")
+    seed, fault_step = trainer_cfg["seed"], int(os.environ.get(FAULT_ENV, "0") or 0)
     print_every = max(1, plan.total_steps // 50)
     if rank == 0:
         print(f"[raoe] {world} worker(s), {strategy.name}, {plan.total_steps} steps of {plan.global_batch} pairs "
               f"({plan.micro_batch} per worker x {plan.grad_accum} accumulation)"
               + (f", resuming after step {step}" if resume_dir else ""), flush=True)
 
-    last_loss, parts_sum, started = None, {}, time.perf_counter()
+    order_epoch, order, started = None, None, time.perf_counter()
     while step < plan.total_steps:
-        epoch, skip = plan.position(step)
-        used = 0
+        epoch = step // plan.steps_per_epoch
+        if epoch != order_epoch:
+            order_epoch, order = epoch, plan.epoch_order(seed, epoch)
         loss_sum, parts_sum = 0.0, {}
-        for index, batch in enumerate(_epoch_batches(shard, plan, trainer_cfg["seed"], epoch, rank)):
-            if index < skip or used >= plan.steps_per_epoch * plan.grad_accum or step >= plan.total_steps:
-                continue  # before the resume position, or past this epoch's steps: drain the shard evenly
-            used += 1
-            last_micro = used % plan.grad_accum == 0
-            with strategy.sync_context(last_micro):
-                loss, parts = objective(embedding_batch(strategy.module, model, batch, device, autocast,
-                                                        trainer_cfg["length_buckets"]))
+        for micro in range(plan.grad_accum):
+            batch = take(rows, plan.micro_rows(order, step, micro, rank))
+            seed_micro_batch(seed, step, micro, rank)
+            with strategy.sync_context(micro == plan.grad_accum - 1):
+                loss, parts = objective(embedding_batch(strategy.module, model, batch, device, strategy.autocast(),
+                                                        trainer_cfg["length_buckets"], fields))
                 strategy.backward(loss)
             strategy.micro_step()
             loss_sum += float(loss.detach()) / plan.grad_accum
             for k, v in parts.items():
                 parts_sum[k] = parts_sum.get(k, 0.0) + float(v.detach()) / plan.grad_accum
-            if not last_micro:
-                continue
-            strategy.step()
-            step += 1
-            last_loss, loss_sum = loss_sum, 0.0
-            elapsed = time.perf_counter() - started
-            metrics = {"train_loss": last_loss, "lr": strategy.lr(), **{f"loss/{k}": v for k, v in parts_sum.items()},
-                       "pairs_per_second": plan.global_batch * (step - (resumed_at or 0)) / max(elapsed, 1e-9)}
-            parts_sum = {}
-            metrics_log.log(metrics, step)
-            if rank == 0 and (step % print_every == 0 or step == plan.total_steps):
-                print(f"[raoe] step {step}/{plan.total_steps} loss {last_loss:.4f} lr {metrics['lr']:.2e} "
-                      f"{metrics['pairs_per_second']:.1f} pairs/s", flush=True)
-            if step % trainer_cfg["eval_every"] == 0 or step == plan.total_steps:
-                best, history = _evaluate_and_report(
-                    model, strategy, evaluator, metrics_log, rank, step, last_loss, best, history, plan, export_encoder,
-                    config,
-                )
-            if fault_step and resumed_at is None and step == fault_step and rank == world - 1:
-                # Ray Train's controller collects reported checkpoints on its 2 s health-check poll; a worker that
-                # dies within that window loses its last report. Wait, as any real run would between reports.
-                time.sleep(5)
-                print(f"[raoe] {FAULT_ENV}={fault_step}: killing worker {rank} (pid {os.getpid()})", flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
+        grad_norm = strategy.step()
+        step += 1
+        elapsed = time.perf_counter() - started
+        metrics = {"train_loss": loss_sum, "grad_norm": grad_norm, "lr": strategy.lr(),
+                   **{f"loss/{k}": v for k, v in parts_sum.items()},
+                   "pairs_per_second": plan.global_batch * (step - (resumed_at or 0)) / max(elapsed, 1e-9)}
+        metrics_log.log(metrics, step)
+        if rank == 0 and (step % print_every == 0 or step == plan.total_steps):
+            print(f"[raoe] step {step}/{plan.total_steps} loss {loss_sum:.4f} grad norm {grad_norm:.4g} "
+                  f"lr {metrics['lr']:.2e} {metrics['pairs_per_second']:.1f} pairs/s", flush=True)
+        if step % trainer_cfg["eval_every"] == 0 or step == plan.total_steps:
+            best, history = _evaluate_and_report(model, strategy, evaluator, metrics_log, rank, step,
+                                                 {"train_loss": loss_sum, "grad_norm": grad_norm}, best, history,
+                                                 plan, export_encoder)
+        if fault_step and resumed_at is None and step == fault_step and rank == world - 1:
+            # Ray Train's controller collects reported checkpoints on its 2 s health-check poll; a worker that
+            # dies within that window loses its last report. Wait, as any real run would between reports.
+            time.sleep(5)
+            print(f"[raoe] {FAULT_ENV}={fault_step}: killing worker {rank} (pid {os.getpid()})", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
     if resumed_at is not None and resumed_at >= plan.total_steps and rank == 0:
         print(f"[raoe] run already complete at step {resumed_at}", flush=True)
 
 
-def _evaluate_and_report(model, strategy, evaluator, metrics_log, rank, step, train_loss, best, history, plan,
-                         export_encoder, config):
+def _evaluate_and_report(model, strategy, evaluator, metrics_log, rank, step, last, best, history, plan,
+                         export_encoder):
+    """Dev Spearman (rank 0; every rank runs the encoder under ZeRO-3, whose forward gathers weights collectively),
+    then a checkpoint from every worker: rank 0 exports the full model, each strategy saves its own state."""
     import ray.train
 
-    dev = evaluator(model) if rank == 0 else None
+    dev = evaluator(model) if rank == 0 or strategy.evaluates_on_every_rank else None
+    dev = dev if rank == 0 else None
     if dev is not None:
         best = dev if best is None else max(best, dev)
         print(f"[raoe] step {step}: STS-B dev Spearman {dev:.2f} (best {best:.2f})", flush=True)
         metrics_log.log({DEV_METRIC: dev}, step)
-    history = history + [{"step": step, DEV_METRIC: dev, "train_loss": train_loss}]
-    metrics = {"step": step, "train_loss": train_loss, DEV_METRIC: dev if dev is not None else float(step),
+    history = history + [{"step": step, DEV_METRIC: dev, **last}]
+    metrics = {"step": step, **last, DEV_METRIC: dev if dev is not None else float(step),
                "best_" + DEV_METRIC: best, "total_steps": plan.total_steps}
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         state = {"step": step, "best": best, "history": history}
-        if rank == 0:
-            export_encoder(model, folder / MODEL_DIR, {"step": step, DEV_METRIC: dev})
-            (folder / PROGRESS_FILE).write_text(json.dumps(state))
+        with strategy.full_parameters():
+            if rank == 0:
+                export_encoder(model, folder / MODEL_DIR, {"step": step, DEV_METRIC: dev})
+                (folder / PROGRESS_FILE).write_text(json.dumps(state))
         wrote = strategy.save(folder, rank, state) or rank == 0
         checkpoint = ray.train.Checkpoint.from_directory(str(folder)) if wrote else None
         ray.train.report(metrics, checkpoint=checkpoint)

@@ -1,32 +1,41 @@
-"""How many pairs each worker takes per micro-batch and how many optimizer steps a run has.
+"""How many pairs each worker takes per micro-batch, how many optimizer steps a run has, and which rows each
+micro-batch holds.
 
-Pure arithmetic, shared by the driver (to reject impossible configs before any Ray resource is taken)
-and the workers (so every worker runs the same number of steps and collectives line up)."""
+Pure arithmetic, shared by the driver (to reject impossible configs before any Ray resource is taken) and the
+workers. The rows of a micro-batch are a function of (seed, step, micro-batch, rank) alone: every epoch is one
+seeded permutation of the corpus, step k of the epoch takes the next ``global_batch`` rows of it, each of the
+``grad_accum`` micro-batches takes the next ``global_batch / grad_accum`` of those, and worker r its r-th slice.
+So N workers gather exactly the global micro-batches one worker trains on, and a resumed run picks up the
+same rows at any step (nothing depends on how Ray Data handed out blocks, or on what ran before)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class StepPlan:
-    rows: int  # training pairs after validation
+    rows: int  # training rows after validation
     world: int  # Ray Train workers
-    global_batch: int  # pairs per optimizer step over all workers
+    global_batch: int  # rows per optimizer step over all workers
     grad_accum: int  # micro-batches per optimizer step
-    micro_batch: int  # pairs per worker per micro-batch
-    steps_per_epoch: int
+    micro_batch: int  # rows per worker per micro-batch
+    steps_per_epoch: int  # full global batches per pass; the remainder rows of a pass wait for the next one
     total_steps: int
     warmup_steps: int
 
-    @property
-    def rows_per_worker(self) -> int:
-        return self.rows // self.world  # Ray Train's streaming split gives every worker the same count
+    def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
+        """The permutation of row indices for one pass over the corpus."""
+        return np.random.default_rng([seed, epoch]).permutation(self.rows)
 
-    def position(self, step: int) -> tuple[int, int]:
-        """(epoch, micro-batches of that epoch already consumed) after ``step`` optimizer steps."""
-        return step // self.steps_per_epoch, (step % self.steps_per_epoch) * self.grad_accum
+    def micro_rows(self, order: np.ndarray, step: int, micro: int, rank: int) -> np.ndarray:
+        """Row indices of worker ``rank``'s micro-batch ``micro`` of optimizer step ``step`` (0-based), taken
+        from ``order`` = ``epoch_order(seed, step // steps_per_epoch)``."""
+        start = (step % self.steps_per_epoch) * self.global_batch + (micro * self.world + rank) * self.micro_batch
+        return order[start: start + self.micro_batch]
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -41,11 +50,11 @@ def plan_steps(rows: int, *, world: int, global_batch: int, grad_accum: int = 1,
             f"({world} x {grad_accum})"
         )
     micro = global_batch // (world * grad_accum)
-    steps_per_epoch = (rows // world) // micro // grad_accum
+    steps_per_epoch = rows // global_batch
     if steps_per_epoch < 1:
         raise ValueError(
-            f"trainer.global_batch_size ({global_batch}) is larger than the training data ({rows} pairs over "
-            f"{world} worker(s)); lower it or add data"
+            f"trainer.global_batch_size ({global_batch}) is larger than the training data ({rows} rows); "
+            f"lower it or add data"
         )
     total = max_steps if max_steps is not None else max(1, math.ceil(epochs * steps_per_epoch))
     return StepPlan(rows=rows, world=world, global_batch=global_batch, grad_accum=grad_accum, micro_batch=micro,

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from jobconfig.schema import TrainJobConfig, objective_params
-from training.loop import DEV_METRIC, MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
+from training.loop import DEV_METRIC, FIELD_COLUMNS, MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
 from training.plan import plan_steps
 
 DATA_KIND = {"stage1": "pairs", "stage2": "sts"}
@@ -23,19 +23,29 @@ PROVIDES = {"pairs": ("emb1", "emb2", "labels", "scores", "ids1", "ids2"), "sts"
                                                                                      "ids2")}
 
 
-def check_objective_fits(weights: dict[str, float], params: dict[str, dict], provided: tuple[str, ...]) -> None:
+def check_objective_fits(weights: dict[str, float], params: dict[str, dict], provided: tuple[str, ...]) -> set[str]:
     """Run the composite once on a 4-pair dummy batch carrying only the fields this data provides, so a
-    mismatch (e.g. gated_angle on STS data without labels) fails before any Ray resource is taken."""
+    mismatch (e.g. gated_angle on STS data without labels) fails before any Ray resource is taken. Returns the
+    batch fields the composite read: what the workers gather, and what the data must really hold."""
     from objectives.registry import CompositeObjective, EmbeddingBatch
+
+    read: set[str] = set()
+
+    class RecordingBatch(EmbeddingBatch):
+        def __getattribute__(self, name):
+            if name in EmbeddingBatch.__dataclass_fields__:
+                read.add(name)
+            return super().__getattribute__(name)
 
     g = torch.Generator().manual_seed(0)
     dummy = {"emb1": torch.randn(4, 8, generator=g), "emb2": torch.randn(4, 8, generator=g),
              "labels": torch.tensor([0, 1, 2, 0]), "scores": torch.tensor([0.9, 0.5, 0.1, 0.7]),
              "ids1": torch.arange(4), "ids2": torch.arange(4, 8), "emb_neg": torch.randn(4, 8, generator=g)}
     try:
-        CompositeObjective(weights, params)(EmbeddingBatch(**{k: dummy[k] for k in provided}))
+        CompositeObjective(weights, params).parts(RecordingBatch(**{k: dummy[k] for k in provided}))
     except ValueError as exc:
         raise ValueError(f"objective.weights {weights} do not fit this data: {exc}") from None
+    return read & set(provided)
 
 
 def default_run_name(stage: str) -> str:
@@ -99,7 +109,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
     if cfg.data.triplets and kind != "pairs":
         raise ValueError("data.triplets builds SimCSE triplets from NLI pairs; it needs a stage1 (NLI) job")
     provided = PROVIDES[kind] + (("emb_neg",) if cfg.data.triplets else ())
-    check_objective_fits(cfg.objective.weights, params, provided)
+    needed = check_objective_fits(cfg.objective.weights, params, provided)
     if not cfg.data.train:
         raise ValueError("data.train must name the training data (a file or folder)")
     start_model = cfg.model.init_from or cfg.model.source
@@ -144,7 +154,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
                                      f"both an entailment and a contradiction hypothesis")
                 print(f"[raoe] {rows} SimCSE triplets (premise, entailment, contradiction) from "
                       f"{report.rows_written} NLI pairs", flush=True)
-            if "scores" in _needs(cfg.objective.weights, params, provided):
+            if "scores" in needed:
                 missing = ds.filter(lambda r: r["similarity"] is None or r["similarity"] != r["similarity"]).count()
                 if missing:
                     raise ValueError(f"{missing} of {report.rows_written} training pairs have no similarity S; "
@@ -158,6 +168,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
             loop_config = {
                 "model": resolved["model"], "start_model": start_model, "trainer": resolved["trainer"],
                 "objective": {"weights": cfg.objective.weights, "params": params}, "plan": plan.as_dict(),
+                "fields": sorted(needed & set(FIELD_COLUMNS)),
                 "threads_per_worker": cfg.trainer.threads_per_worker,
                 "eval": {"select": dev_available, "data_dir": str(Path(cfg.eval.data_dir).resolve()),
                          "batch_size": cfg.eval.batch_size, "max_pairs": cfg.eval.max_pairs},
@@ -165,6 +176,9 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
             }
             trainer = TorchTrainer(
                 train_loop_per_worker, train_loop_config=loop_config, datasets={"train": ds},
+                # Not split: every worker reads the whole corpus and takes its rows by index (training/plan.py), so
+                # the rows of each step do not depend on how Ray Data hands out blocks.
+                dataset_config=ray.train.DataConfig(datasets_to_split=[]),
                 torch_config=TorchConfig(backend="nccl" if cfg.trainer.use_gpu else "gloo"),
                 scaling_config=ray.train.ScalingConfig(
                     num_workers=cfg.trainer.num_workers, use_gpu=cfg.trainer.use_gpu,
@@ -193,9 +207,11 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
         if curve:
             mlflow.log_artifact(str(curve))
         best_dev = best_metrics.get(DEV_METRIC) if dev_available else None
-        final_metrics = {"train_loss": final.get("train_loss"), "steps": final.get("step"),
+        final_metrics = {"train_loss": final.get("train_loss"), "grad_norm": final.get("grad_norm"),
+                         "steps": final.get("step"),
                          "best_" + DEV_METRIC: best_dev, "best_step": best_metrics.get("step")}
-        mlflow.log_metrics({("final_" + k if k == "train_loss" else k): float(v)  # train_loss is the per-step curve
+        per_step = ("train_loss", "grad_norm")  # logged per step already: the final values get their own names
+        mlflow.log_metrics({("final_" + k if k in per_step else k): float(v)
                             for k, v in final_metrics.items() if v is not None})
         tags = {"raoe.stage": cfg.stage, "data": cfg.data.train, "objective": json.dumps(cfg.objective.weights),
                 "start_model": start_model, DEV_METRIC: best_dev}
@@ -211,17 +227,6 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
         "checkpoint_path": result.path, "seconds": time.time() - started,
         "tracking_uri": tracking_uri(), "experiment": cfg.tracking.experiment,
     }
-
-
-def _needs(weights, params, provided: tuple[str, ...]) -> set[str]:
-    """Batch fields the composite reads (probe each field's absence)."""
-    needed = set()
-    for field in provided:
-        try:
-            check_objective_fits(weights, params, tuple(f for f in provided if f != field))
-        except ValueError:
-            needed.add(field)
-    return needed
 
 
 def _best(result):

@@ -1,6 +1,11 @@
 """The two ways a worker group shares one model: DDP through Ray Train's torch backend, or a DeepSpeed engine
-(ZeRO stage from config). Both expose the same small surface to the loop: forward module, backward,
-step, learning rate, and checkpoint save/load, so the loop itself has no strategy branches."""
+(ZeRO stage from config). Both expose the same small surface to the loop: forward module, autocast, backward,
+step (returning the global gradient norm before clipping), learning rate, full parameters for evaluation and
+export, and checkpoint save/load, so the loop itself has no strategy branches.
+
+``trainer.bf16`` means one thing under both: the encoder's forward runs under bf16 autocast, while weights,
+gradients, optimizer state, checkpoints and exports stay fp32 (DeepSpeed through its ``torch_autocast`` section
+with fp32 gradient communication, not its ``bf16`` section, which would make the weights themselves bf16)."""
 
 from __future__ import annotations
 
@@ -13,6 +18,11 @@ import torch
 TRAINER_STATE = "trainer_state.pt"
 DEEPSPEED_DIR = "deepspeed"
 DEEPSPEED_TAG = "latest_step"
+
+
+def grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
+    """L2 norm of the parameters' gradients, accumulated in fp32 whatever their dtype."""
+    return torch.nn.utils.get_total_norm([p.grad.float() for p in params])
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -50,6 +60,17 @@ class TorchStrategy:
         self.grad_clip = trainer_cfg["grad_clip"]
         self.grad_accum = plan.grad_accum
         self.world = world
+        self.bf16 = bool(trainer_cfg["bf16"])
+
+    evaluates_on_every_rank = False  # rank 0 holds the full model
+
+    def autocast(self):
+        """bf16 autocast around the encoder only (never the objective)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+    def full_parameters(self):
+        """Every rank holds the full weights already."""
+        return contextlib.nullcontext()
 
     def sync_context(self, last_micro_batch: bool):
         """DDP all-reduces gradients only on the last micro-batch of an optimizer step."""
@@ -60,12 +81,16 @@ class TorchStrategy:
     def backward(self, loss: torch.Tensor) -> None:
         (loss / self.grad_accum).backward()
 
-    def step(self) -> None:
+    def step(self) -> float:
+        """Clip, step, and return the norm of the (all-reduced, so global) gradient before clipping."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = grad_norm(params)
         if self.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
 
     def micro_step(self) -> None:
         """Called after every micro-batch; only DeepSpeed needs it."""
@@ -95,7 +120,10 @@ def deepspeed_config(trainer_cfg: dict[str, Any], plan) -> dict[str, Any]:
         "train_batch_size": plan.global_batch,
         "gradient_clipping": trainer_cfg["grad_clip"] or 0.0,
         "zero_optimization": {"stage": trainer_cfg["zero_stage"]},
-        "bf16": {"enabled": bool(trainer_cfg["bf16"])},
+        # bf16 = autocast with fp32 weights, as under DDP; no Linear is "lower-precision safe", so gradients are
+        # all-reduced in fp32 too. (The "bf16" section would keep the weights and checkpoints in bf16.)
+        "torch_autocast": {"enabled": bool(trainer_cfg["bf16"]), "dtype": "bfloat16",
+                           "lower_precision_safe_modules": []},
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
@@ -119,6 +147,21 @@ class DeepSpeedStrategy:
         )
         self.module = self.engine
         self.device = self.engine.device
+        self.zero_stage = trainer_cfg["zero_stage"]
+        self.evaluates_on_every_rank = self.zero_stage == 3  # a ZeRO-3 forward all-gathers weights on every rank
+        self.grad_norm = None
+
+    def autocast(self):
+        """The engine autocasts its own forward (``torch_autocast`` in its config)."""
+        return contextlib.nullcontext()
+
+    def full_parameters(self):
+        """ZeRO-3 partitions every weight: gather them on all ranks (a collective) while rank 0 exports."""
+        if self.zero_stage != 3:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None)
 
     def sync_context(self, last_micro_batch: bool):
         return contextlib.nullcontext()  # the engine knows the accumulation boundary itself
@@ -127,10 +170,16 @@ class DeepSpeedStrategy:
         self.engine.backward(loss)  # scales by 1 / gradient_accumulation_steps
 
     def micro_step(self) -> None:
+        boundary = self.engine.is_gradient_accumulation_boundary()
+        if boundary and self.zero_stage == 0:  # no ZeRO optimizer to compute it: the grads are all-reduced here
+            self.grad_norm = float(grad_norm([p for p in self.model.parameters() if p.grad is not None]))
         self.engine.step()  # steps optimizer and scheduler only at the accumulation boundary
+        if boundary and self.zero_stage > 0:
+            self.grad_norm = float(self.engine.get_global_grad_norm())
 
-    def step(self) -> None:
-        """The engine already stepped in micro_step at the boundary."""
+    def step(self) -> float:
+        """The engine already stepped in micro_step at the boundary; the ZeRO optimizer's norm before clipping."""
+        return self.grad_norm
 
     def lr(self) -> float:
         return self.engine.get_lr()[0]

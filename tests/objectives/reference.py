@@ -102,7 +102,7 @@ def angle_ibn(e1, e2, positive, ids1, ids2, tau):
             continue
         row = []
         for j in range(len(e2)):
-            duplicate = j != i and (ids2[j] == ids2[i] or (ids1[j] == ids1[i] and positive[j]))
+            duplicate = j != i and (ids2[j] == ids2[i] or ids2[j] == ids1[i] or (ids1[j] == ids1[i] and positive[j]))
             row.append(-math.inf if duplicate else tau * cosine(e1[i], e2[j]))
         rows.append(row)
         targets.append(i)

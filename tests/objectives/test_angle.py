@@ -48,6 +48,21 @@ def test_in_batch_negatives_equal_double_loop_with_duplicates_and_graded_labels(
     assert plain.item() != pytest.approx(got.item())  # duplicates change the value
 
 
+def test_a_swapped_duplicate_pair_is_not_a_negative():
+    """(a, b) and (b, a) in one batch: the candidate b->a of anchor a is the anchor's own text (cosine 1 with
+    itself in a trained model), never a negative. Equal to the loss over the batch without that candidate."""
+    e1, e2 = embeddings(6, n=6, d=8, dtype=torch.float64)
+    e1[3], e2[3] = e2[0], e1[0]  # row 3 = (b, a), row 0 = (a, b)
+    ids1, ids2 = torch.tensor([1, 2, 3, 20, 5, 6]), torch.tensor([20, 21, 22, 1, 24, 25])
+    positive = torch.ones(6, dtype=torch.bool)
+    got = angle_ibn_loss(e1, e2, positive, tau=20.0, ids1=ids1, ids2=ids2)
+    want = reference.angle_ibn(e1.numpy(), e2.numpy(), positive.tolist(), ids1.tolist(), ids2.tolist(), 20.0)
+    assert got.item() == pytest.approx(want, rel=1e-12)
+    logits = 20.0 * torch.nn.functional.normalize(e1, dim=1) @ torch.nn.functional.normalize(e2, dim=1).T
+    logits[0, 3] = logits[3, 0] = float("-inf")  # a's candidate 'a' and b's candidate 'b' left out
+    assert got.item() == pytest.approx(torch.nn.functional.cross_entropy(logits, torch.arange(6)).item(), rel=1e-12)
+
+
 def test_in_batch_negatives_without_positives_is_zero_with_gradient():
     e1, e2 = embeddings(5, n=4)
     e1.requires_grad_()

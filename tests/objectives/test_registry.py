@@ -46,3 +46,16 @@ def test_errors_name_the_problem():
 def test_describe_reports_what_is_trained():
     d = CompositeObjective(PRESETS["raoe"]).describe()
     assert d["rank_margin"]["params"] == {"margin": 2.0, "tau": 20.0} and d["gated_angle"]["weight"] == 1.0
+
+
+@pytest.mark.parametrize("field, value, match", [("scores", float("nan"), "NaN or infinite"),
+                                                 ("scores", float("inf"), "NaN or infinite"),
+                                                 ("labels", -1, "entailment/neutral/contradiction")])
+def test_non_finite_scores_and_unknown_labels_are_refused_by_name(field, value, match):
+    g = torch.Generator().manual_seed(0)
+    batch = EmbeddingBatch(emb1=torch.randn(6, 8, generator=g), emb2=torch.randn(6, 8, generator=g),
+                           scores=torch.tensor([0.9, 0.5, 0.1, 0.7, 0.3, 0.2]), labels=torch.tensor([0, 1, 2, 0, 2, 1]))
+    CompositeObjective(PRESETS["raoe"])(batch)  # clean: fine
+    getattr(batch, field)[2] = value
+    with pytest.raises(ValueError, match=match):
+        CompositeObjective(PRESETS["raoe"])(batch)

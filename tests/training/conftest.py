@@ -36,3 +36,11 @@ def tiny_config(root: Path, name: str, *overrides: str, stage: str = "stage1"):
     if stage == "stage1":
         base.append(f"data.train={TINY_NLI}")
     return load_config(model, ROOT / "configs" / "tiny" / f"{stage}.yaml", base + list(overrides))
+
+
+def metric_by_step(run_id: str, key: str) -> dict[int, float]:
+    """A run's per-step metric from MLflow (the value logged last for a step that ran twice)."""
+    from mlflow import MlflowClient
+
+    history = sorted(MlflowClient().get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
+    return {m.step: m.value for m in history}

@@ -1,70 +1,94 @@
-"""The global-batch contract end to end: 1 worker, 2 DDP workers and 2 DeepSpeed ZeRO-2 workers on the same 32
-pairs (dropout 0, one optimizer step over all of them) compute the same loss and save the same weights."""
+"""The global-batch contract end to end: 1 worker, 2 DDP workers, and 2 DeepSpeed workers under ZeRO-2 and ZeRO-3
+train on the same rows at every step (dropout 0) and so log the same loss and the same global gradient norm
+(before clipping) at every step. The gradient norm is what a x N error in the gradient would show; weights after
+a clipped AdamW step would not. bf16 means autocast with fp32 weights under both strategies."""
 
 import json
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
-from tests.training.conftest import tiny_config
+from tests.training.conftest import metric_by_step, tiny_config
 
 LR = 1e-3
-COMMON = ("data.max_rows=32", "trainer.global_batch_size=32", "trainer.max_steps=1", f"trainer.lr={LR}",
-          "trainer.warmup_ratio=0.0")
+STEPS = 3
+COMMON = ("trainer.global_batch_size=32", f"trainer.max_steps={STEPS}", f"trainer.lr={LR}",
+          "trainer.warmup_ratio=0.0", "trainer.eval_every=3")
+RUNS = {
+    "1 worker": (),
+    "2 workers ddp": ("trainer.num_workers=2",),
+    "2 workers zero-2": ("trainer.num_workers=2", "trainer.strategy=deepspeed", "trainer.zero_stage=2"),
+    "2 workers zero-3": ("trainer.num_workers=2", "trainer.strategy=deepspeed", "trainer.zero_stage=3"),
+}
+BF16 = {
+    "1 worker bf16": ("trainer.bf16=true", "trainer.max_steps=1", "trainer.eval_every=1"),
+    "2 workers zero-2 bf16": ("trainer.bf16=true", "trainer.max_steps=1", "trainer.eval_every=1",
+                              "trainer.num_workers=2", "trainer.strategy=deepspeed", "trainer.zero_stage=2"),
+}
 
 
 @pytest.fixture(scope="module")
-def one_step_runs(train_env):
+def runs(train_env):
     from training.run import run_training
 
-    runs = {
-        "1 worker": run_training(tiny_config(train_env, "one-worker", *COMMON)),
-        "2 workers ddp": run_training(tiny_config(train_env, "two-ddp", *COMMON, "trainer.num_workers=2")),
-        "2 workers zero-2": run_training(tiny_config(
-            train_env, "two-zero2", *COMMON, "trainer.num_workers=2", "trainer.strategy=deepspeed",
-            "trainer.zero_stage=2")),
-    }
-    return runs
+    return {name: run_training(tiny_config(train_env, name.replace(" ", "-"), *COMMON, *extra))
+            for name, extra in {**RUNS, **BF16}.items()}
 
 
-def _weights(result):
-    return load_file(f"{result['model_path']}/model.safetensors")
-
-
-@pytest.mark.parametrize("other", ["2 workers ddp", "2 workers zero-2"])
-def test_first_step_loss_is_the_global_batch_loss_on_any_worker_count(one_step_runs, other):
-    one, two = one_step_runs["1 worker"], one_step_runs[other]
+@pytest.mark.parametrize("other", ["2 workers ddp", "2 workers zero-2", "2 workers zero-3"])
+def test_every_step_has_the_one_worker_loss_and_gradient_norm(runs, other):
+    one, two = runs["1 worker"], runs[other]
     assert two["num_workers"] == 2 and two["plan"]["micro_batch"] == 16
-    assert one["metrics"]["steps"] == two["metrics"]["steps"] == 1
-    assert two["metrics"]["train_loss"] == pytest.approx(one["metrics"]["train_loss"], rel=1e-5)
+    assert one["metrics"]["steps"] == two["metrics"]["steps"] == STEPS
+    for key in ("train_loss", "grad_norm"):
+        expected, got = metric_by_step(one["run_id"], key), metric_by_step(two["run_id"], key)
+        assert sorted(got) == list(range(1, STEPS + 1))
+        # Step 1 starts from the same weights: equal to float precision (measured: 3e-7 relative). Later steps
+        # start from weights one AdamW step apart by summation order: Adam moves a weight by ~lr * sign(g), and
+        # where |g| is ~1e-7 two summation orders can flip that sign (measured: up to 1.3e-3 relative at step 2,
+        # while a different batch or a gradient off by x2 moves these numbers by 2-50%).
+        assert got[1] == pytest.approx(expected[1], rel=1e-5), f"{key} at step 1"
+        for step in range(2, STEPS + 1):
+            assert got[step] == pytest.approx(expected[step], rel=5e-3), f"{key} at step {step}"
+    assert one["metrics"]["grad_norm"] > 1.0  # above grad_clip: the norm is reported before clipping
 
 
-@pytest.mark.parametrize("other", ["2 workers ddp", "2 workers zero-2"])
-def test_weights_after_one_step_match_one_worker(one_step_runs, other):
+def test_zero3_exports_the_full_model(runs):
+    """Under ZeRO-3 no rank holds the whole model; the export must still be complete and trained."""
     from encoders.sources import resolve_model_source
 
     start = load_file(f"{resolve_model_source('tiny:bert')}/model.safetensors")
-    one, two = _weights(one_step_runs["1 worker"]), _weights(one_step_runs[other])
-    assert one.keys() == two.keys()
-    moved = differ = total = 0
-    for name in one:
-        delta1, delta2 = one[name] - start[name], two[name] - start[name]
-        # Adam's first step moves each weight by lr * g / (|g| + eps), about lr * sign(g): equal gradients give
-        # equal updates. Where |g| is ~1e-7 the summation order of two workers can flip the sign, so a few
-        # weights (21 of 29,728 here) may differ by up to 2 lr; a worker whose gradient is not the global
-        # one (e.g. DDP's all-reduce stalled by an unused parameter) differs in ~5% of them.
-        differ += int(((delta1 - delta2).abs() > LR * 0.02).sum())
-        moved += int((delta1.abs() > LR * 0.5).sum())
-        total += delta1.numel()
-    assert moved > 10_000  # the step really trained the model
-    assert differ / total < 0.002, f"{differ} of {total} weights differ"
+    zero3, ddp = (load_file(f"{runs[n]['model_path']}/model.safetensors") for n in ("2 workers zero-3", "2 workers ddp"))
+    assert zero3.keys() == ddp.keys() == start.keys()
+    for name in start:
+        assert zero3[name].shape == start[name].shape, name
+    moved = sum(int(((zero3[n] - start[n]).abs() > LR * 0.5).sum()) for n in start)
+    close = sum(int(((zero3[n] - ddp[n]).abs() < LR * 0.1).sum()) for n in start)
+    total = sum(t.numel() for t in start.values())
+    assert moved > total // 2 and close > 0.99 * total
 
 
-def test_registry_holds_each_run(one_step_runs):
-    versions = sorted(r["version"] for r in one_step_runs.values())
-    assert {r["registered_model"] for r in one_step_runs.values()} == {"raoe-s1"}
-    assert len(set(versions)) == 3
-    for result in one_step_runs.values():
+def test_bf16_is_autocast_with_fp32_weights_under_both_strategies(runs):
+    ddp, ds = runs["1 worker bf16"], runs["2 workers zero-2 bf16"]
+    fp32_grad_norm = metric_by_step(runs["1 worker"]["run_id"], "grad_norm")[1]
+    for result in (ddp, ds):
+        weights = load_file(f"{result['model_path']}/model.safetensors")
+        assert {t.dtype for t in weights.values()} == {torch.float32}
+    # the same autocast under both strategies (measured: 2e-7 apart), and not the fp32 gradient (8e-4 apart)
+    assert ds["metrics"]["train_loss"] == pytest.approx(ddp["metrics"]["train_loss"], rel=1e-5)
+    assert ds["metrics"]["grad_norm"] == pytest.approx(ddp["metrics"]["grad_norm"], rel=1e-5)
+    assert abs(ddp["metrics"]["grad_norm"] / fp32_grad_norm - 1) > 1e-4
+    checkpoint = next((p for p in __import__("pathlib").Path(ds["checkpoint_path"]).rglob("*model_states.pt")))
+    module = torch.load(checkpoint, map_location="cpu", weights_only=False)["module"]
+    assert {t.dtype for t in module.values() if t.is_floating_point()} == {torch.float32}
+
+
+def test_registry_holds_each_run(runs):
+    versions = sorted(r["version"] for r in runs.values())
+    assert {r["registered_model"] for r in runs.values()} == {"raoe-s1"}
+    assert len(set(versions)) == len(runs)
+    for result in runs.values():
         assert result["model_uri"] == f"models:/raoe-s1/{result['version']}"
         meta = json.loads(open(f"{result['model_path']}/raoe_encoder.json").read())
-        assert meta["step"] == 1
+        assert meta["step"] == result["metrics"]["steps"]

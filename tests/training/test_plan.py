@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from training.plan import plan_steps
@@ -6,9 +7,35 @@ from training.plan import plan_steps
 def test_steps_split_the_global_batch_over_workers_and_accumulation():
     plan = plan_steps(1000, world=2, global_batch=64, grad_accum=2, epochs=3, warmup_ratio=0.1)
     assert plan.micro_batch == 16  # 64 pairs = 2 workers x 2 micro-batches x 16
-    assert plan.steps_per_epoch == (500 // 16) // 2 == 15
+    assert plan.steps_per_epoch == 1000 // 64 == 15  # the 40 remainder rows of a pass wait for the next pass
     assert plan.total_steps == 45 and plan.warmup_steps == 4
-    assert plan.position(17) == (1, 4)  # epoch 1, 2 steps x 2 micro-batches already consumed
+
+
+def _step_rows(plan, seed, step):
+    """Per micro-batch, the rows of all workers concatenated in rank order (what the gather gives every worker)."""
+    order = plan.epoch_order(seed, step // plan.steps_per_epoch)
+    return [np.concatenate([plan.micro_rows(order, step, m, r) for r in range(plan.world)])
+            for m in range(plan.grad_accum)]
+
+
+@pytest.mark.parametrize("world, accum", [(2, 1), (4, 2), (2, 4)])
+def test_workers_gather_exactly_the_micro_batches_of_one_worker_at_every_step(world, accum):
+    one = plan_steps(120, world=1, global_batch=32, grad_accum=accum, max_steps=12)
+    many = plan_steps(120, world=world, global_batch=32, grad_accum=accum, max_steps=12)
+    assert many.micro_batch * world == one.micro_batch
+    for step in range(12):  # 3 steps per epoch: crosses 3 epoch boundaries with 24 remainder rows each
+        for a, b in zip(_step_rows(one, 7, step), _step_rows(many, 7, step)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_each_epoch_is_a_seeded_permutation_without_repeats():
+    plan = plan_steps(120, world=2, global_batch=32, grad_accum=2, max_steps=6)
+    epoch0 = np.concatenate([np.concatenate(_step_rows(plan, 7, s)) for s in range(3)])
+    assert len(set(epoch0.tolist())) == 96  # 3 full global batches, no row twice
+    epoch1 = np.concatenate([np.concatenate(_step_rows(plan, 7, s)) for s in range(3, 6)])
+    assert not np.array_equal(epoch0, epoch1)  # reshuffled per epoch
+    np.testing.assert_array_equal(plan.epoch_order(7, 1), plan.epoch_order(7, 1))  # a pure function of (seed, epoch)
+    assert not np.array_equal(plan.epoch_order(7, 0), plan.epoch_order(8, 0))
 
 
 def test_max_steps_overrides_epochs():

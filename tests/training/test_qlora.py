@@ -118,3 +118,49 @@ def test_tiny_qlora_job_reports_nf4(train_env):
     result = run_training(qlora_cfg)
     assert result["quantization"] == "nf4" and result["metrics"]["steps"] == 2
     assert (result["model_path"] and __import__("pathlib").Path(result["model_path"], "adapter_config.json").exists())
+
+
+def _qlora_config(train_env, name, *overrides):
+    from jobconfig import load_config
+    from jobconfig.schema import TrainJobConfig
+    from tests.training.conftest import ROOT, TINY_NLI
+
+    base = {"tracking.run_name": name, "trainer.storage_path": train_env / "runs", "output_dir": train_env / "models",
+            "eval.data_dir": train_env / "no-dev-data", "data.train": TINY_NLI, "tracking.experiment": "raoe-test",
+            "data.max_rows": 64, "trainer.global_batch_size": 32, "trainer.max_steps": 2, "trainer.eval_every": 2,
+            "trainer.warmup_ratio": 0.0, "model.gradient_checkpointing": True, "trainer.length_buckets": 2}
+    return load_config(TrainJobConfig, ROOT / "configs" / "tiny" / "qlora.yaml",
+                       [f"{k}={v}" for k, v in base.items()] + list(overrides))
+
+
+@pytest.fixture(scope="module")
+def checkpointed_qlora(train_env):
+    """4-bit base + LoRA + gradient checkpointing + 2 length-bucketed forwards per micro-batch: each adapter weight
+    is used in two checkpointed segments of one backward (the shipped Qwen2.5-7B recipe's case)."""
+    from training.run import run_training
+
+    return {
+        "1 worker": run_training(_qlora_config(train_env, "qlora-ckpt-1")),
+        "2 workers ddp": run_training(_qlora_config(train_env, "qlora-ckpt-2", "trainer.num_workers=2")),
+    }
+
+
+def test_checkpointed_qlora_gradients_are_exact_on_two_workers(checkpointed_qlora):
+    from tests.training.conftest import metric_by_step
+
+    one, two = checkpointed_qlora["1 worker"], checkpointed_qlora["2 workers ddp"]
+    assert one["quantization"] == two["quantization"] == "nf4"
+    for key in ("train_loss", "grad_norm"):
+        expected, got = metric_by_step(one["run_id"], key), metric_by_step(two["run_id"], key)
+        assert sorted(got) == [1, 2]
+        for step in expected:
+            assert got[step] == pytest.approx(expected[step], rel=1e-3), f"{key} at step {step}"
+
+
+def test_gradient_checkpointing_is_non_reentrant(qwen_path):
+    """Reentrant segments run a backward of their own: a weight used in two of them reaches DDP's hook twice."""
+    model = build_encoder(qwen_path, pooling="last_token", quantization="nf4", lora=LORA, gradient_checkpointing=True)
+    auto = model[0].auto_model
+    assert auto.is_gradient_checkpointing
+    funcs = [m._gradient_checkpointing_func for m in auto.modules() if hasattr(m, "_gradient_checkpointing_func")]
+    assert funcs and all(f.keywords.get("use_reentrant") is False for f in funcs)

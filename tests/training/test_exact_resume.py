@@ -1,0 +1,86 @@
+"""Exact resume: a Ray Train worker process SIGKILLed from outside mid-run (max_failures > 0) costs only time.
+The run ends on the configured step with the same weights and the same last loss as an uninterrupted run, with
+gradient accumulation, an epoch whose rows the global batch does not divide (120 rows, 32 per step), resume
+points inside an epoch, and dropout on (masks are drawn from seed, step, micro-batch and rank), for DDP and
+DeepSpeed."""
+
+import threading
+import time
+
+import psutil
+import pytest
+from safetensors.torch import load_file
+
+from tests.training.conftest import metric_by_step, tiny_config
+
+STEPS = 9
+COMMON = ("data.max_rows=120", "trainer.num_workers=2", "trainer.global_batch_size=32", "trainer.grad_accum=2",
+          f"trainer.max_steps={STEPS}", "trainer.eval_every=2", "trainer.lr=1e-3", "model.dropout=0.1")
+STRATEGIES = {"ddp": ("trainer.strategy=ddp",), "zero-2": ("trainer.strategy=deepspeed", "trainer.zero_stage=2")}
+
+
+def _train_workers() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [""])[0].startswith("ray::RayTrainWorker")]
+
+
+def _kill_a_worker_after(run_name: str, step: int, timeout: float = 600) -> dict:
+    """From another thread: once MLflow shows ``step`` logged for the run, SIGKILL one Ray Train worker process."""
+    from mlflow import MlflowClient
+
+    seen: dict = {}
+
+    def watch():
+        client, deadline = MlflowClient(), time.time() + timeout
+        while time.time() < deadline:
+            runs = client.search_runs([client.get_experiment_by_name("raoe-test").experiment_id],
+                                      f"tags.`mlflow.runName` = '{run_name}'") if client.get_experiment_by_name(
+                                          "raoe-test") else []
+            if runs and any(m.step >= step for m in client.get_metric_history(runs[0].info.run_id, "train_loss")):
+                workers = _train_workers()
+                if workers:
+                    seen["pid"] = workers[-1].pid
+                    workers[-1].kill()
+                    return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    seen["thread"] = thread
+    return seen
+
+
+@pytest.fixture(scope="module")
+def resumed(train_env):
+    from training.run import run_training
+
+    out = {}
+    for name, extra in STRATEGIES.items():
+        reference = run_training(tiny_config(train_env, f"uninterrupted-{name}", *COMMON, *extra))
+        killer = _kill_a_worker_after(f"killed-{name}", 5)
+        killed = run_training(tiny_config(train_env, f"killed-{name}", *COMMON, *extra, "trainer.max_failures=2"))
+        killer["thread"].join(timeout=5)
+        out[name] = (reference, killed, killer.get("pid"))
+    return out
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_killed_worker_costs_only_time(resumed, strategy):
+    reference, killed, pid = resumed[strategy]
+    assert pid is not None, "no Ray Train worker was killed"
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    logged = metric_by_step(killed["run_id"], "train_loss")
+    from mlflow import MlflowClient
+
+    all_logged = [m.step for m in MlflowClient().get_metric_history(killed["run_id"], "train_loss")]
+    assert len(all_logged) > STEPS, f"no step ran twice, so no restart happened: {sorted(all_logged)}"
+    assert sorted(logged) == list(range(1, STEPS + 1)) and killed["metrics"]["steps"] == STEPS
+    assert killed["plan"]["steps_per_epoch"] == 3  # 120 rows / 32: resume points at steps 4 and 6 are mid-epoch
+
+    expected = metric_by_step(reference["run_id"], "train_loss")
+    for step in range(1, STEPS + 1):  # replayed steps and the steps after them alike
+        assert logged[step] == pytest.approx(expected[step], abs=1e-5), f"loss at step {step}"
+    assert killed["metrics"]["train_loss"] == pytest.approx(reference["metrics"]["train_loss"], abs=1e-5)
+    a, b = (load_file(f"{r['model_path']}/model.safetensors") for r in (reference, killed))
+    worst = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert worst < 1e-5, f"weights differ by {worst}"
