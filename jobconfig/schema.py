@@ -45,7 +45,8 @@ class TrainerConfig(Section):
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="linear warm-up share of the steps")
     grad_clip: float | None = Field(1.0, gt=0, description="max gradient norm; null disables")
-    bf16: bool = Field(False, description="bf16 autocast")
+    bf16: bool = Field(False, description="bf16 autocast of the encoder forward; weights, gradients, checkpoints and "
+                       "exports stay fp32 under DDP and DeepSpeed alike")
     length_buckets: int = Field(2, ge=1, description="forward passes per micro-batch over its texts grouped by length "
                                 "(each padded to its own longest text); 1 = one pass")
     seed: int = Field(42, description="seeds Python, NumPy, torch and the data order")

@@ -150,8 +150,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     fields = tuple(config.get("fields", ("scores", "labels")))
     evaluator, metrics_log = Evaluator(config["eval"]), MetricsLog(config.get("mlflow") if rank == 0 else None)
     rows = load_rows(ray.train.get_dataset_shard("train"))  # the whole corpus: micro-batches are taken by index
-    if len(next(iter(rows.values()))) != plan.rows:
-        raise RuntimeError(f"worker {rank} read {len(next(iter(rows.values())))} rows, the plan has {plan.rows}")
+    if len(rows["text1"]) != plan.rows:
+        raise RuntimeError(f"worker {rank} read {len(rows['text1'])} rows, the plan has {plan.rows}")
     seed, fault_step = trainer_cfg["seed"], int(os.environ.get(FAULT_ENV, "0") or 0)
     print_every = max(1, plan.total_steps // 50)
     if rank == 0:
