@@ -92,7 +92,8 @@ def run_raoe_bare(frame, steps: int, batch: int) -> dict:
     from encoders.backbone import build_encoder
     from encoders.sources import resolve_model_source
     from objectives.registry import CompositeObjective
-    from training.loop import embedding_batch, seed_everything
+    from training.kinds import text_pairs_batch
+    from training.loop import seed_everything
     from training.plan import plan_steps
     from training.strategy import TorchStrategy
 
@@ -109,7 +110,7 @@ def run_raoe_bare(frame, steps: int, batch: int) -> dict:
         rows = frame.iloc[step * batch:(step + 1) * batch]
         data = {"text1": rows["sentence1"].to_numpy(), "text2": rows["sentence2"].to_numpy(),
                 "similarity": rows["score"].to_numpy(np.float64)}
-        loss, _ = objective(embedding_batch(strategy.module, model, data, torch.device("cpu"), None, LENGTH_BUCKETS,
+        loss, _ = objective(text_pairs_batch(strategy.module, model, data, torch.device("cpu"), None, LENGTH_BUCKETS,
                                             fields=("scores",)))
         strategy.backward(loss)
         strategy.step()

@@ -9,7 +9,15 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from data_pipelines.records import NO_LABEL, RecordError, normalise_label, pair_record, sts_record, text_field
+from data_pipelines.records import (
+    NO_LABEL,
+    RecordError,
+    normalise_label,
+    pair_record,
+    sentence_record,
+    sts_record,
+    text_field,
+)
 
 Row = dict[str, Any]
 KINDS = ("pairs", "sts", "sentences", "lists", "triples")
@@ -126,11 +134,27 @@ def _senteval_sts(path: Path) -> Iterator[Row]:
 
 
 def _sentences_txt(path: Path) -> Iterator[Row]:
+    """One sentence per line (SimCSE's wiki1m_for_simcse.txt); blank lines are not records."""
     for number, text, error in _lines(path):
         if error:
             yield _bad(path, number, error, "")
         else:
-            yield {"text": text, "source": str(path), "line": number, "error": None, "raw": None}
+            yield _guard(lambda t=text: sentence_record({"text": t}), str(path), number, text)
+
+
+def _senteval_nli_sentences(folder: Path, split: str) -> Iterator[Row]:
+    """The distinct sentences of a SentEval NLI folder (s1.<split>, then s2.<split>): an NLI corpus as an unlabeled
+    sentence corpus (SNLI repeats each premise for its three hypotheses; each sentence comes once)."""
+    seen: set[str] = set()
+    for name in ("s1", "s2"):
+        path = folder / f"{name}.{split}"
+        if not path.exists():
+            raise FileNotFoundError(f"SentEval NLI layout needs {path}")
+        for row in _sentences_txt(path):
+            if row["error"] is None and row["text"] in seen:
+                continue
+            seen.add(row.get("text") or "")
+            yield row
 
 
 def _ranked_list(record: dict) -> Row:
@@ -169,8 +193,9 @@ PARSERS: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
     },
     "sentences": {
         "txt": lambda p, split: _sentences_txt(p),
-        "jsonl": lambda p, split: _records(p, lambda r: {"text": text_field(r, "text")}),
-        "parquet": lambda p, split: _parquet(p, lambda r: {"text": text_field(r, "text")}),
+        "jsonl": lambda p, split: _records(p, sentence_record),
+        "parquet": lambda p, split: _parquet(p, sentence_record),
+        "senteval_nli": lambda p, split: _senteval_nli_sentences(p, split or "train"),
     },
     "lists": {"jsonl": lambda p, split: _records(p, _ranked_list)},
     "triples": {"jsonl": lambda p, split: _records(p, _triple)},
@@ -180,7 +205,7 @@ PARSERS: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
 def detect_format(kind: str, path: Path) -> str:
     """Pick a parser from the file name (and, for JSON lines, the first record's keys)."""
     if path.is_dir():
-        if kind == "pairs" and any(path.glob("s1.*")):
+        if kind in ("pairs", "sentences") and any(path.glob("s1.*")):
             return "senteval_nli"
         raise ValueError(f"cannot tell the format of folder {path}; set data.format")
     suffix = path.suffix.lower()
@@ -206,7 +231,7 @@ def _first_line(path: Path) -> str:
 FIELDS = {
     "pairs": ("text1", "text2", "label", "similarity"),
     "sts": ("text1", "text2", "score", "similarity"),
-    "sentences": ("text",),
+    "sentences": ("text", "negative"),
     "lists": ("sentences",),
     "triples": ("text1", "text2", "relation"),
 }

@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any
 
-from data_pipelines.records import LABELS, NO_LABEL, RecordError, pair_record, sts_record, text_field
+from data_pipelines.records import LABELS, NO_LABEL, RecordError, pair_record, sentence_record, sts_record
 
 HUB_PREFIX = "hf:"
 # Column names of the common hub layouts, by the field they fill (first present wins).
@@ -17,7 +17,7 @@ COLUMNS = {
     "pairs": {"text1": ("text1", "sentence1", "premise"), "text2": ("text2", "sentence2", "hypothesis"),
               "label": ("label", "gold_label"), "similarity": ("similarity",)},
     "sts": {"text1": ("sentence1", "text1"), "text2": ("sentence2", "text2"), "score": ("score", "similarity", "label")},
-    "sentences": {"text": ("text", "sentence")},
+    "sentences": {"text": ("text", "sentence"), "negative": ("negative",)},
 }
 LINE = "__raoe_line"
 
@@ -56,7 +56,7 @@ def column_map(kind: str, columns: list[str]) -> dict[str, str]:
     found = {}
     for field, candidates in COLUMNS[kind].items():
         column = next((c for c in candidates if c in columns), None)
-        if column is None and field != "similarity":
+        if column is None and field not in ("similarity", "negative"):  # optional fields
             raise ValueError(f"no column for {field!r} (looked for {list(candidates)}); the dataset has {columns}")
         if column is not None:
             found[field] = column
@@ -96,7 +96,7 @@ def hub_record(kind: str, row: dict[str, Any], columns: dict[str, str], scale: f
         return pair_record(get)
     if kind == "sts":
         return sts_record(get["text1"], get["text2"], get["score"], scale=scale)
-    return {"text": text_field(get, "text")}
+    return sentence_record(get)
 
 
 def hub_rows(kind: str, source: str, split: str | None):

@@ -37,6 +37,25 @@ def text_field(record: dict[str, Any], key: str) -> str:
     return value
 
 
+def sentence_text(value: Any, key: str = "text") -> str:
+    """A sentence: text with at least one letter or digit (a line of only punctuation is no sentence)."""
+    text = text_field({key: value}, key)
+    if not any(ch.isalnum() for ch in text):
+        raise RecordError(f"field {key!r} holds only punctuation or symbols: {text.strip()[:40]!r}")
+    return text
+
+
+def sentence_record(record: dict[str, Any]) -> dict[str, Any]:
+    """{text, negative?} -> a SENTENCES row; a negative (SAN) must be a sentence that differs from its anchor."""
+    text = sentence_text(record.get("text"))
+    negative = record.get("negative")
+    if negative is not None:
+        negative = sentence_text(negative, "negative")
+        if negative.strip() == text.strip():
+            raise RecordError("field 'negative' equals the sentence itself")
+    return {"text": text, "negative": negative}
+
+
 def normalise_label(value: Any) -> int:
     """entailment/neutral/contradiction (any case) or 0/1/2 -> 0/1/2; anything else is an error."""
     if isinstance(value, bool):

@@ -31,6 +31,8 @@ class ModelConfig(Section):
     lora: LoraConfig | None = Field(None, description="train LoRA adapters only (null: full fine-tuning)")
     padding_side: Literal["left", "right"] | None = Field(None, description="tokenizer padding side; null keeps its own")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less memory)")
+    negative_dropout: float | None = Field(None, ge=0.0, le=1.0, description="dropout of the aligned negatives' "
+                                           "forward pass (SAN's p2, unsupervised job); null = model.dropout")
 
 
 class TrainerConfig(Section):
@@ -150,3 +152,15 @@ class Stage2JobConfig(TrainJobConfig):
     stage: Literal["stage1", "stage2"] = Field("stage2", description="stage1 (NLI with S) or stage2 (STS-B train)")
     trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(epochs=10.0))
     objective: ObjectiveConfig = Field(default_factory=lambda: ObjectiveConfig(weights=dict(PRESETS["raoe_s2"])))
+
+
+class UnsupervisedJobConfig(TrainJobConfig):
+    """Unsupervised SimCSE on a sentence corpus (each sentence twice through the encoder, dropout makes the positive;
+    InfoNCE), or SimCSE+SAN (objective hince: aligned negatives from ray_jobs/generate_san.py, encoded at dropout
+    model.negative_dropout = p2). Defaults from SimCSE and the SAN paper: lr 3e-5, batch 64, max length 32, 1 epoch,
+    dropout 0.1, tau 0.05 (hince: tau2 0.08, p2 0.2)."""
+
+    stage: Literal["unsupervised"] = Field("unsupervised", description="unsupervised (sentence corpus)")
+    model: ModelConfig = Field(default_factory=lambda: ModelConfig(max_length=32, dropout=0.1, negative_dropout=0.2))
+    trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(epochs=1.0, lr=3e-5, global_batch_size=64))
+    objective: ObjectiveConfig = Field(default_factory=lambda: ObjectiveConfig(weights={"infonce": 1.0}))

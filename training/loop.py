@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from training.kinds import KINDS
 from training.rows import load_rows, take
 
 FAULT_ENV = "RAOE_FAULT_AT_STEP"  # tests: the last worker kills its own process after this step, once
@@ -41,40 +42,6 @@ def seed_micro_batch(seed: int, step: int, micro: int, rank: int) -> None:
     """Dropout masks from (seed, step, micro-batch, rank) alone: a resumed run draws the masks an uninterrupted
     one would, with no RNG state to save (torch.manual_seed also seeds every CUDA device)."""
     torch.manual_seed(int(np.random.SeedSequence([seed, step, micro, rank]).generate_state(1)[0]))
-
-
-# What each batch field is read from; the driver decides which ones the objective needs, the same on every worker.
-FIELD_COLUMNS = {"scores": "similarity", "labels": "label"}
-
-
-def embedding_batch(module, model, batch: dict[str, np.ndarray], device, autocast=None, length_buckets: int = 1,
-                    fields: tuple[str, ...] = ("scores", "labels")):
-    """The global EmbeddingBatch for this micro-batch: local embeddings (autocast only around the encoder, never
-    the objective), gathered with gradient, plus the ``fields`` the objective reads, gathered without. Every
-    worker gathers the same fields in the same order, whatever its own rows hold. All texts of the micro-batch
-    go through the encoder together, in ``length_buckets`` length-grouped forward passes."""
-    from encoders.backbone import embed_by_length, text_ids
-    from objectives.gather import gather_no_grad, gather_with_grad
-    from objectives.registry import EmbeddingBatch
-
-    text1, text2 = [str(t) for t in batch["text1"]], [str(t) for t in batch["text2"]]
-    negatives = [str(t) for t in batch["text_neg"]] if "text_neg" in batch else []  # SimCSE triplets
-    with autocast or contextlib.nullcontext():
-        every = embed_by_length(module, model, text1 + text2 + negatives, device, length_buckets)
-    every = every.float()
-    n = len(text1)
-    e1, e2, e_neg = every[:n], every[n: 2 * n], every[2 * n:]
-    extra = {}
-    if "scores" in fields:  # None (not annotated) becomes NaN, which the objective refuses by name
-        scores = np.array([np.nan if v is None else v for v in batch["similarity"]], dtype=np.float32)
-        extra["scores"] = gather_no_grad(torch.from_numpy(scores).to(device))
-    if "labels" in fields:
-        labels = np.array([-1 if v is None else v for v in batch["label"]], dtype=np.int64)
-        extra["labels"] = gather_no_grad(torch.from_numpy(labels).to(device))
-    return EmbeddingBatch(
-        emb1=gather_with_grad(e1), emb2=gather_with_grad(e2), emb_neg=gather_with_grad(e_neg) if negatives else None,
-        ids1=gather_no_grad(text_ids(text1).to(device)), ids2=gather_no_grad(text_ids(text2).to(device)), **extra,
-    )
 
 
 class Evaluator:
@@ -147,15 +114,17 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     resumed_at = step if resume_dir else None
 
     objective = CompositeObjective(config["objective"]["weights"], config["objective"]["params"])
-    fields = tuple(config.get("fields", ("scores", "labels")))
+    kind, fields = KINDS[config["kind"]], tuple(config["fields"])
+    negative_dropout = model_cfg.get("negative_dropout")
     evaluator, metrics_log = Evaluator(config["eval"]), MetricsLog(config.get("mlflow") if rank == 0 else None)
     rows = load_rows(ray.train.get_dataset_shard("train"))  # the whole corpus: micro-batches are taken by index
-    if len(rows["text1"]) != plan.rows:
-        raise RuntimeError(f"worker {rank} read {len(rows['text1'])} rows, the plan has {plan.rows}")
+    read = len(next(iter(rows.values())))
+    if read != plan.rows:
+        raise RuntimeError(f"worker {rank} read {read} rows, the plan has {plan.rows}")
     seed, fault_step = trainer_cfg["seed"], int(os.environ.get(FAULT_ENV, "0") or 0)
     print_every = max(1, plan.total_steps // 50)
     if rank == 0:
-        print(f"[raoe] {world} worker(s), {strategy.name}, {plan.total_steps} steps of {plan.global_batch} pairs "
+        print(f"[raoe] {world} worker(s), {strategy.name}, {plan.total_steps} steps of {plan.global_batch} {kind.unit} "
               f"({plan.micro_batch} per worker x {plan.grad_accum} accumulation)"
               + (f", resuming after step {step}" if resume_dir else ""), flush=True)
 
@@ -169,8 +138,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             batch = take(rows, plan.micro_rows(order, step, micro, rank))
             seed_micro_batch(seed, step, micro, rank)
             with strategy.sync_context(micro == plan.grad_accum - 1):
-                loss, parts = objective(embedding_batch(strategy.module, model, batch, device, strategy.autocast(),
-                                                        trainer_cfg["length_buckets"], fields))
+                loss, parts = objective(kind.build(strategy.module, model, batch, device, strategy.autocast(),
+                                                   trainer_cfg["length_buckets"], fields, negative_dropout))
                 strategy.backward(loss)
             strategy.micro_step()
             loss_sum += float(loss.detach()) / plan.grad_accum
@@ -185,7 +154,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         metrics_log.log(metrics, step)
         if rank == 0 and (step % print_every == 0 or step == plan.total_steps):
             print(f"[raoe] step {step}/{plan.total_steps} loss {loss_sum:.4f} grad norm {grad_norm:.4g} "
-                  f"lr {metrics['lr']:.2e} {metrics['pairs_per_second']:.1f} pairs/s", flush=True)
+                  f"lr {metrics['lr']:.2e} {metrics['pairs_per_second']:.1f} rows/s", flush=True)
         if step % trainer_cfg["eval_every"] == 0 or step == plan.total_steps:
             best, history = _evaluate_and_report(model, strategy, evaluator, metrics_log, rank, step,
                                                  {"train_loss": loss_sum, "grad_norm": grad_norm}, best, history,

@@ -14,13 +14,27 @@ from typing import Any
 import torch
 
 from jobconfig.schema import TrainJobConfig, objective_params
-from training.loop import DEV_METRIC, FIELD_COLUMNS, MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
+from training.kinds import FIELD_COLUMNS, KINDS, DataKind
+from training.loop import DEV_METRIC, MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
 from training.plan import plan_steps
 
-DATA_KIND = {"stage1": "pairs", "stage2": "sts"}
-# What each data kind puts into the EmbeddingBatch (pairs may lack S until annotated; checked on the data).
-PROVIDES = {"pairs": ("emb1", "emb2", "labels", "scores", "ids1", "ids2"), "sts": ("emb1", "emb2", "scores", "ids1",
-                                                                                     "ids2")}
+JOB_DATA = {"stage1": "pairs", "stage2": "sts", "unsupervised": "sentences"}  # the corpus each job reads
+
+
+def choose_kind(cfg: TrainJobConfig, params: dict[str, dict]) -> tuple[DataKind, set[str]]:
+    """The kind of training data this job trains on, and the batch fields its objective reads; refuses a
+    config that cannot work before any Ray resource is taken."""
+    name = JOB_DATA[cfg.stage]
+    if cfg.data.triplets:
+        if name != "pairs":
+            raise ValueError("data.triplets builds SimCSE triplets from NLI pairs; it needs a stage1 (NLI) job")
+        name = "triplets"
+    if name == "sentences":  # aligned negatives only when the objective asks for them (hince), so the same SAN
+        try:  # corpus trains plain SimCSE too
+            return KINDS[name], check_objective_fits(cfg.objective.weights, params, KINDS[name].provides)
+        except ValueError:
+            name = "sentences_san"
+    return KINDS[name], check_objective_fits(cfg.objective.weights, params, KINDS[name].provides)
 
 
 def check_objective_fits(weights: dict[str, float], params: dict[str, dict], provided: tuple[str, ...]) -> set[str]:
@@ -104,12 +118,8 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
     from tracking.registry import REGISTERED, log_and_register, resolve_model, run_for_name
 
     started = time.time()
-    kind = DATA_KIND[cfg.stage]
     params = objective_params(cfg.objective)
-    if cfg.data.triplets and kind != "pairs":
-        raise ValueError("data.triplets builds SimCSE triplets from NLI pairs; it needs a stage1 (NLI) job")
-    provided = PROVIDES[kind] + (("emb_neg",) if cfg.data.triplets else ())
-    needed = check_objective_fits(cfg.objective.weights, params, provided)
+    kind, needed = choose_kind(cfg, params)
     if not cfg.data.train:
         raise ValueError("data.train must name the training data (a file or folder)")
     start_model = cfg.model.init_from or cfg.model.source
@@ -133,27 +143,12 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
             mlflow.log_dict(resolved, "config.json")
         with ray_session():
             ray.data.DataContext.get_current().enable_progress_bars = False  # the loop prints its own progress
-            ds, report = load_corpus(kind, cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
-                                     max_rows=None if cfg.data.triplets else cfg.data.max_rows,
+            ds, report = load_corpus(kind.corpus, cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
+                                     max_rows=None if kind.name == "triplets" else cfg.data.max_rows,
                                      shuffle_seed=cfg.data.shuffle_seed,
                                      on_bad_record=cfg.data.on_bad_record,
                                      quarantine_path=Path(cfg.output_dir) / run_name / "quarantine.jsonl")
-            rows = report.rows_written
-            if cfg.data.triplets:
-                from data_pipelines.triplets import nli_triplets
-
-                # Sorted by premise, then shuffled with a seed: the loop's local shuffle buffer alone would leave
-                # each batch in a narrow alphabetical window of near-duplicate premises on a large corpus.
-                ds = nli_triplets(ds).random_shuffle(seed=cfg.data.shuffle_seed or cfg.trainer.seed)
-                if cfg.data.max_rows is not None:  # counts triplets here: a pair subsample would break the groups
-                    ds = ds.limit(cfg.data.max_rows)
-                ds = ds.materialize()
-                rows = ds.count()
-                if rows == 0:
-                    raise ValueError(f"data.triplets: none of the {report.rows_written} NLI pairs has a premise with "
-                                     f"both an entailment and a contradiction hypothesis")
-                print(f"[raoe] {rows} SimCSE triplets (premise, entailment, contradiction) from "
-                      f"{report.rows_written} NLI pairs", flush=True)
+            ds, rows = kind.prepare(ds, report.rows_written, cfg.data, cfg.trainer.seed)
             if "scores" in needed:
                 missing = ds.filter(lambda r: r["similarity"] is None or r["similarity"] != r["similarity"]).count()
                 if missing:
@@ -163,12 +158,12 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
                               global_batch=cfg.trainer.global_batch_size, grad_accum=cfg.trainer.grad_accum,
                               epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
                               warmup_ratio=cfg.trainer.warmup_ratio)
-            print(f"[raoe] {cfg.stage}: {rows} {'triplets' if cfg.data.triplets else 'pairs'}, {plan.total_steps} steps "
+            print(f"[raoe] {cfg.stage}: {rows} {kind.unit}, {plan.total_steps} steps "
                   f"({plan.steps_per_epoch} per epoch), run {run_name!r}" + (" (resumed)" if resumed else ""), flush=True)
             loop_config = {
                 "model": resolved["model"], "start_model": start_model, "trainer": resolved["trainer"],
                 "objective": {"weights": cfg.objective.weights, "params": params}, "plan": plan.as_dict(),
-                "fields": sorted(needed & set(FIELD_COLUMNS)),
+                "kind": kind.name, "fields": sorted(needed & set(FIELD_COLUMNS)),
                 "threads_per_worker": cfg.trainer.threads_per_worker,
                 "eval": {"select": dev_available, "data_dir": str(Path(cfg.eval.data_dir).resolve()),
                          "batch_size": cfg.eval.batch_size, "max_pairs": cfg.eval.max_pairs},

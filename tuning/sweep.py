@@ -20,7 +20,7 @@ METRIC = "best_stsb_dev_spearman"
 
 
 class SweepSpec(Section):
-    job: Literal["stage1", "stage2"] = Field("stage1", description="which training job each trial runs")
+    job: Literal["stage1", "stage2", "unsupervised"] = Field("stage1", description="which training job each trial runs")
     base_config: str = Field(..., description="the training config every trial starts from")
     overrides: list[str] = Field(default_factory=list, description="key=value applied to every trial")
     grid: dict[str, list[Any]] = Field(..., description="dotted config key -> values; the sweep is their product")
@@ -31,7 +31,7 @@ class SweepSpec(Section):
     asha_grace_period: int = Field(2, ge=1, description="evaluations before ASHA may stop a trial")
     storage_path: str = Field("raoe_runs", description="Tune results and trial checkpoints (local path, s3://, gs://)")
     name: str | None = Field(None, description="sweep name; rerunning a name resumes it (default: from the spec file)")
-    register_best: bool = Field(True, description="register the best trial's model (raoe-s1 / raoe-s2 by job)")
+    register_best: bool = Field(True, description="register the best trial's model (raoe-s1 / raoe-s2 / raoe-unsup by job)")
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-sweeps"))
 
     @field_validator("grid")
@@ -43,9 +43,9 @@ class SweepSpec(Section):
 
 
 def job_model(job: str):
-    from jobconfig.schema import Stage2JobConfig, TrainJobConfig
+    from jobconfig.schema import Stage2JobConfig, TrainJobConfig, UnsupervisedJobConfig
 
-    return Stage2JobConfig if job == "stage2" else TrainJobConfig
+    return {"stage1": TrainJobConfig, "stage2": Stage2JobConfig, "unsupervised": UnsupervisedJobConfig}[job]
 
 
 def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:

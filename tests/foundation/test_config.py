@@ -113,7 +113,7 @@ def _job_model(path):
     from jobconfig.schema import Stage2JobConfig, TrainJobConfig
 
     job = path.parent.name if path.parent.name != "tiny" else path.stem
-    job = {"sweeps": "sweep", "qlora": "stage1", "promote": "promote"}.get(job, job)
+    job = "sweep" if job.startswith("sweep") else {"qlora": "stage1", "promote": "promote"}.get(job, job)
     if job == "sweep":
         from tuning.sweep import SweepSpec
 

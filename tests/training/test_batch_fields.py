@@ -4,21 +4,21 @@ rows lack S must issue the same collectives as one whose rows have it (else the 
 import numpy as np
 import pytest
 
-from training.run import PROVIDES, check_objective_fits
+from training.kinds import KINDS
+from training.run import check_objective_fits
 
 
-@pytest.mark.parametrize("weights, kind, triplets, fields", [
-    ({"rank_margin": 1.0, "gated_angle": 1.0}, "pairs", False, {"scores", "labels"}),
-    ({"cosent": 1.0}, "sts", False, {"scores"}),
-    ({"infonce": 1.0}, "pairs", True, set()),
-    ({"angle_ibn": 1.0}, "pairs", False, {"labels"}),  # NLI labels pick the positives
-    ({"angle_ibn": 1.0}, "sts", False, {"scores"}),  # S >= threshold does without labels
+@pytest.mark.parametrize("weights, kind, fields", [
+    ({"rank_margin": 1.0, "gated_angle": 1.0}, "pairs", {"scores", "labels"}),
+    ({"cosent": 1.0}, "sts", {"scores"}),
+    ({"infonce": 1.0}, "triplets", set()),
+    ({"angle_ibn": 1.0}, "pairs", {"labels"}),  # NLI labels pick the positives
+    ({"angle_ibn": 1.0}, "sts", {"scores"}),  # S >= threshold does without labels
 ])
-def test_the_fields_an_objective_reads_come_from_the_config(weights, kind, triplets, fields):
+def test_the_fields_an_objective_reads_come_from_the_config(weights, kind, fields):
     from objectives.registry import CompositeObjective
 
-    provided = PROVIDES[kind] + (("emb_neg",) if triplets else ())
-    read = check_objective_fits(weights, CompositeObjective(weights).params, provided)
+    read = check_objective_fits(weights, CompositeObjective(weights).params, KINDS[kind].provides)
     assert read & {"scores", "labels"} == fields
 
 
@@ -26,7 +26,7 @@ def test_workers_with_and_without_s_issue_the_same_gathers(monkeypatch):
     import objectives.gather as gather
     from encoders.backbone import build_encoder
     from encoders.sources import resolve_model_source
-    from training.loop import embedding_batch
+    from training.kinds import text_pairs_batch
 
     calls = []
     monkeypatch.setattr(gather, "gather_no_grad", lambda t: calls.append(tuple(t.shape)) or t)
@@ -37,7 +37,7 @@ def test_workers_with_and_without_s_issue_the_same_gathers(monkeypatch):
     sequences = []
     for rows in (annotated, missing):
         calls.clear()
-        batch = embedding_batch(model, model, rows, "cpu", fields=("scores", "labels"))
+        batch = text_pairs_batch(model, model, rows, "cpu", fields=("scores", "labels"))
         sequences.append(list(calls))
     assert sequences[0] == sequences[1] and len(sequences[0]) == 4  # scores, labels, ids1, ids2 on both
     assert np.isnan(batch.scores[1].item())  # the gap is kept, and the objective then refuses it by name

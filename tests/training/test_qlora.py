@@ -41,7 +41,7 @@ def test_base_is_4bit_and_only_lora_trains(qwen_path):
     import bitsandbytes as bnb
 
     from objectives.registry import PRESETS, CompositeObjective
-    from training.loop import embedding_batch
+    from training.kinds import text_pairs_batch
 
     model = qlora(qwen_path, prompt=None)
     assert sum(isinstance(m, bnb.nn.Linear4bit) for m in model.modules()) >= 14  # every linear of the 2 blocks
@@ -52,7 +52,7 @@ def test_base_is_4bit_and_only_lora_trains(qwen_path):
     objective, losses = CompositeObjective(PRESETS["raoe"], {"rank_margin": {"margin": 0.0}}), []
     model.train()
     for _ in range(6):  # a fixed batch: the loss must go down
-        loss, _ = objective(embedding_batch(model, model, _batch(), "cpu"))
+        loss, _ = objective(text_pairs_batch(model, model, _batch(), "cpu"))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

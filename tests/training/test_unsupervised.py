@@ -1,0 +1,106 @@
+"""Unsupervised SimCSE and SimCSE+SAN: dropout views as positives, aligned negatives at their own dropout p2, HiNCE
+reducing to InfoNCE with hard negatives, and the job on 1 and 2 workers (one of them killed and resumed)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from encoders.backbone import build_encoder, embed
+from encoders.sources import resolve_model_source
+from objectives.registry import CompositeObjective
+from tests.training.conftest import ROOT, metric_by_step
+from training.kinds import dropout_rate, sentences_batch
+from training.loop import FAULT_ENV
+
+SAN = ROOT / "configs" / "tiny" / "data" / "sentences_san.jsonl"
+ROWS = [json.loads(line) for line in SAN.read_text().splitlines()[:6]]
+BATCH = {"text": np.array([r["text"] for r in ROWS], dtype=object),
+         "negative": np.array([r["negative"] for r in ROWS], dtype=object)}
+
+
+def _model(dropout):
+    model = build_encoder(resolve_model_source("tiny:bert"), dropout=dropout)
+    model.train()
+    return model
+
+
+def test_dropout_rate_sets_every_dropout_inside_the_block_only():
+    model = _model(0.1)
+    rates = lambda: {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)}  # noqa: E731
+    assert rates() == {0.1}
+    with dropout_rate(model, 0.3):
+        assert rates() == {0.3}
+    assert rates() == {0.1}
+
+
+def test_two_dropout_views_are_the_positive_and_negatives_get_p2():
+    model = _model(0.1)
+    torch.manual_seed(0)
+    batch = sentences_batch(model, model, BATCH, "cpu", negative_dropout=0.0)
+    assert not torch.allclose(batch.emb1, batch.emb2, atol=1e-4)  # the same sentences, different dropout masks
+    model.eval()
+    with torch.no_grad():
+        assert torch.allclose(batch.emb_neg, embed(model, model, list(BATCH["negative"])), atol=1e-5)  # p2 = 0
+    assert torch.equal(batch.ids1, batch.ids2)
+
+
+def test_hince_with_equal_temperatures_and_dropouts_is_infonce_with_hard_negatives():
+    model = _model(0.1)
+    torch.manual_seed(1)
+    batch = sentences_batch(model, model, BATCH, "cpu", negative_dropout=0.1)
+    hince, _ = CompositeObjective({"hince": 1.0}, {"hince": {"tau1": 0.05, "tau2": 0.05}})(batch)
+    infonce, _ = CompositeObjective({"infonce": 1.0}, {"infonce": {"tau": 0.05}})(batch)
+    assert hince.item() == pytest.approx(infonce.item(), rel=1e-6)
+    tau2, _ = CompositeObjective({"hince": 1.0}, {"hince": {"tau1": 0.05, "tau2": 0.08}})(batch)
+    assert tau2.item() != pytest.approx(infonce.item(), rel=1e-3)
+
+
+def _config(root, name, *overrides):
+    from jobconfig import load_config
+    from jobconfig.schema import UnsupervisedJobConfig
+
+    base = [f"tracking.run_name={name}", f"trainer.storage_path={root / 'runs'}", f"output_dir={root / 'models'}",
+            f"eval.data_dir={root / 'no-dev-data'}", f"data.train={SAN}", "tracking.experiment=raoe-test",
+            "model.dropout=0.0", "model.negative_dropout=0.0", "trainer.max_steps=4", "trainer.eval_every=2",
+            "trainer.warmup_ratio=0.0"]
+    return load_config(UnsupervisedJobConfig, ROOT / "configs" / "tiny" / "unsupervised.yaml", base + list(overrides))
+
+
+@pytest.fixture(scope="module")
+def unsupervised_runs(train_env):
+    from training.run import run_training
+
+    one = run_training(_config(train_env, "unsup-1"))
+    mp = pytest.MonkeyPatch()
+    mp.setenv(FAULT_ENV, "3")  # a worker dies after step 3; the group restarts from the step-2 checkpoint
+    try:
+        two = run_training(_config(train_env, "unsup-2", "trainer.num_workers=2", "trainer.max_failures=1"))
+    finally:
+        mp.undo()
+    return one, two
+
+
+def test_unsupervised_job_is_the_same_on_two_workers_and_survives_a_killed_worker(unsupervised_runs):
+    from mlflow import MlflowClient
+
+    one, two = unsupervised_runs
+    assert one["registered_model"] == two["registered_model"] == "raoe-unsup" and one["stage"] == "unsupervised"
+    assert two["metrics"]["steps"] == 4 and two["rows_written"] == 128
+    steps = [m.step for m in MlflowClient().get_metric_history(two["run_id"], "train_loss")]
+    assert sorted(steps) == [1, 2, 3, 3, 4]  # step 3 ran twice: the worker really died and the run resumed
+    for key in ("train_loss", "grad_norm"):
+        expected, got = metric_by_step(one["run_id"], key), metric_by_step(two["run_id"], key)
+        assert got[1] == pytest.approx(expected[1], rel=1e-5), key
+        for step in (2, 3, 4):  # one AdamW step apart by summation order (see test_distributed.py)
+            assert got[step] == pytest.approx(expected[step], rel=5e-3), f"{key} at step {step}"
+
+
+def test_hince_needs_aligned_negatives_and_says_so(train_env, tmp_path):
+    from training.run import run_training
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("".join(f"{r['text']}\n" for r in ROWS * 6))
+    with pytest.raises(ValueError, match="have no 'negative'"):
+        run_training(_config(train_env, "unsup-no-neg", f"data.train={plain}", "trainer.global_batch_size=8"))

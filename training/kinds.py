@@ -1,0 +1,162 @@
+"""Kinds of training data, each in one place: which corpus it reads, which EmbeddingBatch fields it can fill, and
+how a worker's micro-batch becomes the gathered (global) batch: how many forward passes, with which dropout.
+
+The Ray Train loop and the driver only name a kind; adding one (ranked lists, relation triples) touches this file.
+Every worker gathers the same fields in the same order, decided by the driver from the config, whatever its own
+rows hold (else the all-gathers misalign or hang)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+# Where scores and labels come from in a corpus row.
+FIELD_COLUMNS = {"scores": "similarity", "labels": "label"}
+
+
+@dataclass(frozen=True)
+class DataKind:
+    name: str
+    corpus: str  # the reader's kind (data_pipelines.formats.KINDS)
+    provides: tuple[str, ...]  # EmbeddingBatch fields this data can fill
+    build: Callable[..., object]  # (module, model, rows, device, autocast, buckets, fields, dropout) -> EmbeddingBatch
+    unit: str = "pairs"  # what one row is, for progress lines
+    corpus_to_rows: Callable[..., object] | None = None  # (validated corpus, data config, seed) -> training rows
+
+    def prepare(self, ds, rows: int, data_cfg, seed: int):
+        """(training dataset, row count) from the validated corpus of ``rows`` records."""
+        if self.corpus_to_rows is None:
+            return ds, rows
+        ds = self.corpus_to_rows(ds, data_cfg, seed).materialize()
+        count = ds.count()
+        if count == 0:
+            raise ValueError(f"none of the {rows} records of {data_cfg.train} gives {self.unit}")
+        print(f"[raoe] {count} {self.unit} from {rows} records", flush=True)
+        return ds, count
+
+
+@contextlib.contextmanager
+def dropout_rate(model: torch.nn.Module, p: float | None):
+    """Every dropout of the encoder at rate ``p`` inside the block (SAN's p2 for aligned negatives), restored after:
+    ``nn.Dropout`` modules, and float ``attention_dropout`` attributes that some attention layers read directly."""
+    if p is None:
+        yield
+        return
+    saved = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            saved.append((module, "p", module.p))
+            module.p = p
+        elif isinstance(getattr(module, "attention_dropout", None), float):
+            saved.append((module, "attention_dropout", module.attention_dropout))
+            module.attention_dropout = p
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+def _encode(module, model, texts: list[str], device, autocast, buckets: int) -> torch.Tensor:
+    from encoders.backbone import embed_by_length
+
+    with autocast or contextlib.nullcontext():
+        return embed_by_length(module, model, texts, device, buckets).float()
+
+
+def _gather_fields(rows: dict[str, np.ndarray], fields: tuple[str, ...], device) -> dict[str, torch.Tensor]:
+    """Scores (None -> NaN, which the objective refuses by name) and labels (None -> -1, likewise)."""
+    from objectives.gather import gather_no_grad
+
+    out = {}
+    if "scores" in fields:
+        scores = np.array([np.nan if v is None else v for v in rows[FIELD_COLUMNS["scores"]]], dtype=np.float32)
+        out["scores"] = gather_no_grad(torch.from_numpy(scores).to(device))
+    if "labels" in fields:
+        labels = np.array([-1 if v is None else v for v in rows[FIELD_COLUMNS["labels"]]], dtype=np.int64)
+        out["labels"] = gather_no_grad(torch.from_numpy(labels).to(device))
+    return out
+
+
+def _ids(texts: list[str], device) -> torch.Tensor:
+    from encoders.backbone import text_ids
+    from objectives.gather import gather_no_grad
+
+    return gather_no_grad(text_ids(texts).to(device))
+
+
+def text_pairs_batch(module, model, rows: dict[str, np.ndarray], device, autocast=None, buckets: int = 1,
+                     fields: tuple[str, ...] = ("scores", "labels"), negative_dropout: float | None = None):
+    """Pairs (NLI with S, STS) and SimCSE triplets: both texts (and the hard negative) through the encoder together,
+    in ``buckets`` length-grouped passes; embeddings gathered with gradient."""
+    from objectives.gather import gather_with_grad
+    from objectives.registry import EmbeddingBatch
+
+    text1, text2 = [str(t) for t in rows["text1"]], [str(t) for t in rows["text2"]]
+    negatives = [str(t) for t in rows["text_neg"]] if "text_neg" in rows else []
+    every = _encode(module, model, text1 + text2 + negatives, device, autocast, buckets)
+    n = len(text1)
+    return EmbeddingBatch(
+        emb1=gather_with_grad(every[:n]), emb2=gather_with_grad(every[n: 2 * n]),
+        emb_neg=gather_with_grad(every[2 * n:]) if negatives else None,
+        ids1=_ids(text1, device), ids2=_ids(text2, device), **_gather_fields(rows, fields, device),
+    )
+
+
+def sentences_batch(module, model, rows: dict[str, np.ndarray], device, autocast=None, buckets: int = 1,
+                    fields: tuple[str, ...] = (), negative_dropout: float | None = None):
+    """Unsupervised SimCSE: each sentence twice through the encoder in one pass, so dropout (``model.dropout``)
+    makes the two views its anchor and positive. With a ``negative`` column (SAN), the aligned negatives go through
+    a pass of their own at dropout ``negative_dropout`` (the paper's p2)."""
+    from objectives.gather import gather_with_grad
+    from objectives.registry import EmbeddingBatch
+
+    texts = [str(t) for t in rows["text"]]
+    views = _encode(module, model, texts + texts, device, autocast, buckets)
+    n = len(texts)
+    negative = None
+    if "negative" in rows:
+        with dropout_rate(model, negative_dropout):
+            negative = gather_with_grad(_encode(module, model, [str(t) for t in rows["negative"]], device, autocast,
+                                                buckets))
+    ids = _ids(texts, device)
+    return EmbeddingBatch(emb1=gather_with_grad(views[:n]), emb2=gather_with_grad(views[n:]), emb_neg=negative,
+                          ids1=ids, ids2=ids)
+
+
+def _triplets(ds, data_cfg, seed: int):
+    """NLI pairs -> (premise, entailment, contradiction), then shuffled with a seed (they come sorted by premise)
+    before data.max_rows, which counts triplets here: a pair subsample would break the groups."""
+    from data_pipelines.triplets import nli_triplets
+
+    ds = nli_triplets(ds).random_shuffle(seed=data_cfg.shuffle_seed or seed)
+    return ds.limit(data_cfg.max_rows) if data_cfg.max_rows is not None else ds
+
+
+def _sentences(ds, data_cfg, seed: int):
+    return ds.select_columns(["text"])  # a SAN corpus trains plain SimCSE too: its negatives stay behind
+
+
+def _sentences_with_negatives(ds, data_cfg, seed: int):
+    missing = ds.filter(lambda r: not r["negative"]).count()
+    if missing:
+        raise ValueError(f"{missing} sentences of {data_cfg.train} have no 'negative'; the objective (hince) needs an "
+                         f"aligned negative for every sentence: generate them with ray_jobs/generate_san.py")
+    return ds.select_columns(["text", "negative"])
+
+
+KINDS: dict[str, DataKind] = {
+    k.name: k for k in [
+        DataKind("pairs", "pairs", ("emb1", "emb2", "labels", "scores", "ids1", "ids2"), text_pairs_batch),
+        DataKind("sts", "sts", ("emb1", "emb2", "scores", "ids1", "ids2"), text_pairs_batch),
+        DataKind("triplets", "pairs", ("emb1", "emb2", "emb_neg", "labels", "scores", "ids1", "ids2"),
+                 text_pairs_batch, "SimCSE triplets (premise, entailment, contradiction)", _triplets),
+        DataKind("sentences", "sentences", ("emb1", "emb2", "ids1", "ids2"), sentences_batch, "sentences", _sentences),
+        DataKind("sentences_san", "sentences", ("emb1", "emb2", "emb_neg", "ids1", "ids2"), sentences_batch,
+                 "sentences with aligned negatives", _sentences_with_negatives),
+    ]
+}
