@@ -40,29 +40,40 @@ def build_tiny_model(kind: str = "bert") -> Path:
     """Build (once, deterministically) a tiny model under the raoe cache and return its folder."""
     from encoders.sources import ModelSourceError, building, cache_root
 
-    seeds = {"bert": 0, "bert-alt": 1, "qwen2": 2}  # two random BERTs (e.g. two tiny teachers), a causal LM
+    # two random BERTs (e.g. two tiny teachers), a causal-LM backbone, a masked LM (SAN) and a causal LM with its head
+    seeds = {"bert": 0, "bert-alt": 1, "qwen2": 2, "bert-mlm": 3, "qwen2-lm": 4}
     if kind not in seeds:
         raise ModelSourceError(f"unknown tiny model 'tiny:{kind}'; known: {['tiny:' + k for k in seeds]}")
-    target = cache_root() / "models" / f"tiny-{kind}"
+    target = cache_root() / "models" / f"tiny-{kind}-v2"  # v2: a tokenizer that knows its words
     if (target / ".complete").exists():
         return target
     import torch
-    from transformers import BertConfig, BertModel, BertTokenizerFast, Qwen2Config, Qwen2Model
+    from transformers import (
+        BertConfig,
+        BertForMaskedLM,
+        BertModel,
+        BertTokenizer,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen2Model,
+    )
 
     with building(target) as staging:
-        vocab_file = staging / "vocab.txt"
-        vocab_file.write_text("\n".join(_vocab()) + "\n")
-        BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True).save_pretrained(staging)
+        # transformers 5 takes the vocabulary itself (a vocab_file argument is ignored: every word became [UNK])
+        vocab = {w: i for i, w in enumerate(dict.fromkeys(_vocab()))}
+        BertTokenizer(vocab=vocab, do_lower_case=True).save_pretrained(staging)
         torch.manual_seed(seeds[kind])
-        if kind == "qwen2":  # a causal-LM backbone for last-token pooling, LoRA and 4-bit tests
+        if kind.startswith("qwen2"):  # a causal LM for last-token pooling, LoRA and 4-bit tests, and generation
             vocab_size = _byte_level_bpe(staging)
+            generation = {"eos_token_id": 0, "bos_token_id": 0, "pad_token_id": 0} if kind == "qwen2-lm" else {}
             config = Qwen2Config(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, intermediate_size=128, max_position_embeddings=128)
-            Qwen2Model(config).save_pretrained(staging)
+                                 num_key_value_heads=2, intermediate_size=128, max_position_embeddings=128,
+                                 **generation)
+            (Qwen2ForCausalLM if kind == "qwen2-lm" else Qwen2Model)(config).save_pretrained(staging)
             return target
         config = BertConfig(
             vocab_size=len(_vocab()), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=64, max_position_embeddings=128,
         )
-        BertModel(config).save_pretrained(staging)
+        (BertForMaskedLM if kind == "bert-mlm" else BertModel)(config).save_pretrained(staging)
     return target

@@ -1,0 +1,99 @@
+"""Syntactically aligned negatives (SAN) for a sentence corpus: mask-and-fill with a masked LM by POS importance
+(san.method: mlm, the paper's Sec. 3.1) or rewriting by a causal LM with the paper's Table 12 prompt (san.method:
+llm, Appendix G), on a Ray Data actor pool. Writes text + negative (+ overlap) for ray_jobs/unsupervised.py;
+guarded rows (too short, mostly punctuation, unchanged, unparseable) go to guarded.jsonl with their reason, bad
+input lines to quarantine.jsonl: rows_written + rows_guarded + rows_quarantined = rows_in.
+
+  python ray_jobs/generate_san.py --config configs/generate_san/snli-llm-cpu.yaml
+  python ray_jobs/generate_san.py --config configs/tiny/generate_san.yaml --set san.tagging=dynamic
+"""
+
+from typing import Literal
+
+from pydantic import Field
+
+import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
+from data_pipelines.san import SanConfig
+from jobconfig import parse_job_args
+from jobconfig.schema import DataConfig, Section, TrackingConfig
+from runtime.result import run_job
+
+
+class GenerateSanJobConfig(Section):
+    data: DataConfig = Field(default_factory=DataConfig, description="the sentence corpus (data.train, format, ...)")
+    san: SanConfig = Field(default_factory=SanConfig)
+    output_dir: str = Field("outputs/san", description="where the negatives, guarded rows and plot go")
+    output_format: Literal["parquet", "jsonl"] = Field("parquet", description="parquet or jsonl")
+    batch_rows: int = Field(256, ge=1, description="sentences per map_batches call")
+    examples: int = Field(20, ge=0, description="anchor/negative examples logged to MLflow")
+    tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-san"))
+
+
+def main(cfg: GenerateSanJobConfig) -> dict:
+    import json
+    import shutil
+    import time
+    from pathlib import Path
+
+    import mlflow
+
+    from data_pipelines.readers import load_corpus
+    from data_pipelines.san import GUARD_REASONS, generate_negatives, plot, summarise
+    from encoders.sources import resolve_model_source
+    from runtime.local_ray import ray_session
+    from runtime.tracking_store import ensure_experiment
+
+    if not cfg.data.train:
+        raise ValueError("data.train must name the sentence corpus")
+    resolve_model_source(cfg.san.model)  # fails here, before any Ray resource, if the model cannot be found
+    out = Path(cfg.output_dir).resolve()
+    experiment_id = ensure_experiment(cfg.tracking.experiment)
+    started = time.time()
+    with ray_session():
+        ds, report = load_corpus("sentences", cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
+                                 max_rows=cfg.data.max_rows, shuffle_seed=cfg.data.shuffle_seed,
+                                 on_bad_record=cfg.data.on_bad_record, quarantine_path=out / "quarantine.jsonl")
+        print(f"[raoe] generating SAN negatives ({cfg.san.method}, {cfg.san.model}) for {report.rows_written} "
+              f"sentences on {cfg.san.actors} actor(s) ...", flush=True)
+        frame = generate_negatives(ds.select_columns(["text"]), cfg.san, cfg.batch_rows).to_pandas()
+    seconds = time.time() - started
+    written, guarded = frame[frame["guard"].isna()], frame[frame["guard"].notna()]
+    shutil.rmtree(out / "data", ignore_errors=True)
+    (out / "data").mkdir(parents=True)
+    columns = ["text", "negative", "overlap"]
+    if cfg.output_format == "parquet":
+        written[columns].to_parquet(out / "data" / "san.parquet", index=False)
+    else:
+        written[columns].to_json(out / "data" / "san.jsonl", orient="records", lines=True, force_ascii=False)
+    with open(out / "guarded.jsonl", "w", encoding="utf-8") as f:
+        for row in guarded.itertuples():
+            f.write(json.dumps({"text": row.text, "reason": row.guard}) + "\n")
+    stats = summarise(written)
+    picture = plot(stats, written["overlap"].to_numpy(), out / "san_changes.png")
+    examples = written[["text", "negative"]].head(cfg.examples).to_dict("records")
+    counts = {"rows_in": report.rows_in, "rows_written": len(written), "rows_guarded": len(guarded),
+              "rows_quarantined": report.rows_quarantined}
+    assert counts["rows_written"] + counts["rows_guarded"] + counts["rows_quarantined"] == counts["rows_in"]
+    guard_counts = {r: int((guarded["guard"] == r).sum()) for r in GUARD_REASONS}
+    with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
+        mlflow.log_params({"data.train": cfg.data.train, **{f"san.{k}": str(v)[:500]
+                                                             for k, v in cfg.san.model_dump().items()}})
+        mlflow.log_metrics({**{k: float(v) for k, v in counts.items()},
+                            **{f"guarded_{k}": float(v) for k, v in guard_counts.items()},
+                            "sentences_per_second": report.rows_written / seconds,
+                            **({"mean_token_overlap": stats["mean_token_overlap"]}
+                               if stats["mean_token_overlap"] is not None else {})})
+        mlflow.log_dict({**stats, "guarded": guard_counts, "examples": examples}, "san_statistics.json")
+        mlflow.log_artifact(str(picture))
+    return {
+        **counts, "guarded": guard_counts, "output_path": str(out / "data"), "output_format": cfg.output_format,
+        "guarded_path": str(out / "guarded.jsonl"), "quarantine_path": report.quarantine_path,
+        "changed_share_by_pos": stats["changed_share_by_pos"], "mean_token_overlap": stats["mean_token_overlap"],
+        "sentences_per_second": report.rows_written / seconds, "seconds": seconds, "plot": str(picture),
+        "examples": examples[:5], "run_id": run.info.run_id,
+    }
+
+
+if __name__ == "__main__":
+    config = parse_job_args(GenerateSanJobConfig, __doc__)
+    run_job(lambda: main(config), "generate_san")
