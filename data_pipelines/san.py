@@ -32,7 +32,7 @@ LLM_PROMPT = (  # Table 12
     "Task Description:\nPlease modify the given sentence according to the following requirements:Only change the "
     "nouns, verbs, adjectives, and adverbs, while keeping the syntactic structure of the sentence unchanged.\n"
     "Input:\nOriginal sentence: {text}\nModification requirements: Replace all nouns, verbs, adjectives, and adverbs "
-    "with antonyms, but do not change their parts of speech.\nOutput:\nModified sentence: {{your-outputs}}\nNotes:\n"
+    "with antonyms, but do not change their parts of speech.\nOutput:\nModified sentence: {your-outputs}\nNotes:\n"
     "Only modify nouns, verbs, adjectives, and adverbs.\nKeep the syntactic structure of the original sentence "
     "unchanged. If there are no suitable antonyms, the original words can be replace with semantically unrelated "
     "vocabularies. The modified sentence should still be a grammatically correct sentence."
@@ -58,6 +58,8 @@ class SanConfig(BaseModel):
     max_punctuation_share: float = Field(0.5, ge=0, le=1, description="outputs with a larger share of words without "
                                          "a letter or digit are guarded")
     prompt: str = Field(LLM_PROMPT, description="llm: the instruction, with {text}")
+    chat_template: bool = Field(True, description="llm: wrap the prompt in the model's chat template (false: the "
+                                "prompt is plain text to continue, e.g. a few-shot prompt for a small model)")
     max_new_tokens: int = Field(64, ge=1, description="llm: tokens generated per sentence")
     max_length: int = Field(64, ge=8, description="tokens per sentence fed to the model")
     batch_size: int = Field(32, ge=1, description="sentences per forward pass")
@@ -251,10 +253,10 @@ class LlmRewriter:
 
     def render(self, text: str) -> str:
         message = self.cfg.prompt.replace("{text}", text)
-        if self.tokenizer.chat_template:
+        if self.cfg.chat_template and self.tokenizer.chat_template:
             return self.tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
                                                       add_generation_prompt=True)
-        return message + "\nModified sentence:"
+        return message if message.rstrip().endswith(":") else message + "\nModified sentence:"
 
     def rewrite(self, texts: list[str]) -> list[str]:
         out = []

@@ -36,6 +36,7 @@ def main(cfg: GenerateSanJobConfig) -> dict:
     from pathlib import Path
 
     import mlflow
+    import mlflow.data
 
     from data_pipelines.readers import load_corpus
     from data_pipelines.san import GUARD_REASONS, generate_negatives, plot, summarise
@@ -85,6 +86,8 @@ def main(cfg: GenerateSanJobConfig) -> dict:
                                if stats["mean_token_overlap"] is not None else {})})
         mlflow.log_dict({**stats, "guarded": guard_counts, "examples": examples}, "san_statistics.json")
         mlflow.log_artifact(str(picture))
+        mlflow.log_input(mlflow.data.from_pandas(written[columns], source=str(out / "data"), name="san-negatives"),
+                         context="generated")
     return {
         **counts, "guarded": guard_counts, "output_path": str(out / "data"), "output_format": cfg.output_format,
         "guarded_path": str(out / "guarded.jsonl"), "quarantine_path": report.quarantine_path,

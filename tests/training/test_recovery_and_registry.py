@@ -1,5 +1,5 @@
-"""Recovery: a killed worker resumes from the last checkpoint and the run ends on the configured step; a
-resubmitted run name resumes; Stage 2 starts from a registered Stage 1 model by its MLflow URI."""
+"""Recovery: a resubmitted run name resumes (a killed worker inside a run: test_exact_resume.py); Stage 2 starts
+from a registered Stage 1 model by its MLflow URI."""
 
 import csv
 import json
@@ -21,37 +21,27 @@ def _logged_steps(run_id: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def recovered(train_env):
+def resubmitted(train_env):
+    """A run whose worker dies after step 3 with no restarts allowed (the job fails), then the same run name
+    submitted again."""
     from training.run import run_training
 
     mp = pytest.MonkeyPatch()
-    mp.setenv(FAULT_ENV, "3")  # the worker SIGKILLs itself after step 3; the last checkpoint is step 2
+    mp.setenv(FAULT_ENV, "3")
     try:
-        return run_training(tiny_config(train_env, "killed", *STEPS, "trainer.max_failures=1"))
+        with pytest.raises(ray.train.TrainingFailedError):  # no restarts allowed: the job fails after step 3
+            run_training(tiny_config(train_env, "resubmitted", *STEPS))
     finally:
         mp.undo()
+    return run_training(tiny_config(train_env, "resubmitted", *STEPS))
 
 
-def test_killed_worker_resumes_from_the_last_checkpoint_and_ends_on_the_configured_step(recovered):
-    assert recovered["metrics"]["steps"] == 5
-    steps = _logged_steps(recovered["run_id"])
-    assert sorted(set(steps)) == [1, 2, 3, 4, 5]
-    assert steps == [1, 2, 3, 3, 4, 5]  # only the step after the checkpoint ran twice: the worker really died
+def test_resubmitting_a_run_name_resumes_it(resubmitted):
+    assert resubmitted["resumed"] is True and resubmitted["metrics"]["steps"] == 5
+    assert _logged_steps(resubmitted["run_id"]) == [1, 2, 3, 3, 4, 5]  # one MLflow run, continued from step 2
 
 
-def test_resubmitting_a_run_name_resumes_it(train_env, monkeypatch):
-    from training.run import run_training
-
-    monkeypatch.setenv(FAULT_ENV, "3")
-    with pytest.raises(ray.train.TrainingFailedError):  # no restarts allowed: the job fails after step 3
-        run_training(tiny_config(train_env, "resubmitted", *STEPS))
-    monkeypatch.delenv(FAULT_ENV)
-    again = run_training(tiny_config(train_env, "resubmitted", *STEPS))
-    assert again["resumed"] is True and again["metrics"]["steps"] == 5
-    assert _logged_steps(again["run_id"]) == [1, 2, 3, 3, 4, 5]  # one MLflow run, continued from step 2
-
-
-def test_stage2_starts_from_the_registered_stage1_model(train_env, recovered, tmp_path):
+def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, tmp_path):
     from mlflow import MlflowClient
 
     from encoders.backbone import encode_texts, load_encoder
@@ -63,11 +53,11 @@ def test_stage2_starts_from_the_registered_stage1_model(train_env, recovered, tm
     with open(sts, "w", newline="") as f:
         csv.writer(f).writerows([r["text1"], r["text2"], round(5 * r["similarity"], 2)] for r in rows)
 
-    s1_uri = recovered["model_uri"]
+    s1_uri = resubmitted["model_uri"]
     assert s1_uri.startswith("models:/raoe-s1/")
     texts = [r["text2"] for r in rows[:8]]
     np.testing.assert_allclose(encode_texts(load_encoder(download_model(s1_uri)), texts),
-                               encode_texts(load_encoder(recovered["model_path"]), texts), atol=1e-6)
+                               encode_texts(load_encoder(resubmitted["model_path"]), texts), atol=1e-6)
 
     s2 = run_training(tiny_config(train_env, "stage2-from-uri", f"data.train={sts}", f"model.init_from={s1_uri}",
                                   "trainer.global_batch_size=16", "trainer.max_steps=2", stage="stage2"))
@@ -77,4 +67,4 @@ def test_stage2_starts_from_the_registered_stage1_model(train_env, recovered, tm
     assert version.tags["start_model"] == s1_uri and version.tags["raoe.stage"] == "stage2"
     assert {m.name for m in client.search_registered_models()} >= {"raoe-s1", "raoe-s2"}
     assert not np.allclose(encode_texts(load_encoder(s2["model_path"]), texts),
-                           encode_texts(load_encoder(recovered["model_path"]), texts), atol=1e-4)
+                           encode_texts(load_encoder(resubmitted["model_path"]), texts), atol=1e-4)
