@@ -349,7 +349,8 @@ class SanGenerator:
         self.done += len(texts)
         rate = self.done / max(time.perf_counter() - self.started, 1e-9)
         print(f"[raoe] SAN {self.cfg.method}: {self.done} sentences by this actor ({rate:.1f} sentences/s)", flush=True)
-        return {**batch, "negative": np.array(negatives, dtype=object), "guard": np.array(guards, dtype=object),
+        return {"text": batch["text"], "negative": np.array(negatives, dtype=object),
+                "guard": np.array(guards, dtype=object),
                 "changes": np.array(changed, dtype=object), "overlap": np.array(overlaps, dtype=np.float64)}
 
 

@@ -56,7 +56,9 @@ def main(cfg: GenerateSanJobConfig) -> dict:
                                  on_bad_record=cfg.data.on_bad_record, quarantine_path=out / "quarantine.jsonl")
         print(f"[raoe] generating SAN negatives ({cfg.san.method}, {cfg.san.model}) for {report.rows_written} "
               f"sentences on {cfg.san.actors} actor(s) ...", flush=True)
-        frame = generate_negatives(ds.select_columns(["text"]), cfg.san, cfg.batch_rows).to_pandas()
+        # Straight from the materialised corpus into the actor pool: no task in between that would need a CPU the
+        # actors hold (Ray Data would wait forever, e.g. 2 actors x 0.9 CPU on 2 cores).
+        frame = generate_negatives(ds, cfg.san, cfg.batch_rows).to_pandas()
     seconds = time.time() - started
     written, guarded = frame[frame["guard"].isna()], frame[frame["guard"].notna()]
     shutil.rmtree(out / "data", ignore_errors=True)
