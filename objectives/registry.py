@@ -39,6 +39,7 @@ class EmbeddingBatch:
     relation_table: torch.Tensor | None = None  # [K, d] learned relation vectors (RSE)
     list_emb: torch.Tensor | None = None  # [R, n, d] ranked lists, seed first (ListMLE)
     list_mask: torch.Tensor | None = None  # [R, n] real items of padded lists
+    list_target: torch.Tensor | None = None  # [R, n, n] teacher similarity of each list's sentences (ListMLE)
 
     def require(self, objective: str, *names: str) -> list[torch.Tensor]:
         missing = [n for n in names if getattr(self, n) is None]
@@ -69,14 +70,16 @@ def _positive_pairs(batch: EmbeddingBatch, threshold: float) -> torch.Tensor:
 
 
 def _listmle(batch: EmbeddingBatch, p: dict[str, Any]) -> torch.Tensor:
-    (lists,) = batch.require("listmle", "list_emb")
+    """Ranking-sentences Eq. 8: for each list, ListMLE of every row j of the student's cosine matrix / tau, ordered by
+    the refined targets (Eq. 5-7) of the teacher's (or frozen start model's) similarity matrix; mean over lists."""
+    lists, targets = batch.require("listmle", "list_emb", "list_target")
     normed = F.normalize(lists, dim=-1)
     losses = []
     for r in range(normed.shape[0]):  # one list at a time: each has its own n x n matrix
         keep = slice(None) if batch.list_mask is None else batch.list_mask[r]
         sim = normed[r][keep] @ normed[r][keep].T
-        target = refine_targets(sim.detach(), p["omega"])
-        losses.append(listmle_loss(sim, target))
+        phi = targets[r][keep][:, keep]
+        losses.append(listmle_loss(sim / p["tau"], refine_targets(phi, p["omega"])))
     return torch.stack(losses).mean()
 
 
@@ -121,7 +124,8 @@ SPECS: dict[str, ObjectiveSpec] = {
             "hince", "Hierarchical InfoNCE, Eq. 2", _SAN, {"tau1": 0.05, "tau2": 0.08},
             lambda b, p: hince_loss(*b.require("hince", "emb1", "emb2", "emb_neg"), **p),
         ),
-        ObjectiveSpec("listmle", "ListMLE on refined targets, Eq. 5-8", _RANK, {"omega": 0.5}, _listmle),
+        ObjectiveSpec("listmle", "ListMLE on refined targets, Eq. 5-8", _RANK, {"omega": 0.5, "tau": 0.05},
+                      _listmle),
         ObjectiveSpec(
             "relational", "RSE relational contrastive objective, Eq. 1-2",
             "Wang et al. RSE: Relational Sentence Embedding (rse.txt)", {"tau": 0.05},

@@ -14,7 +14,7 @@ from typing import Any
 from encoders.backbone import RAOE_META
 
 MODEL_ARTIFACT = "model"
-REGISTERED = {"stage1": "raoe-s1", "stage2": "raoe-s2", "unsupervised": "raoe-unsup"}
+REGISTERED = {"stage1": "raoe-s1", "stage2": "raoe-s2", "unsupervised": "raoe-unsup", "posttrain": "raoe-lists"}
 MODEL_URI_PREFIXES = ("models:/", "runs:/", "mlflow-artifacts:/")
 
 

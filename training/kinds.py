@@ -25,16 +25,16 @@ class DataKind:
     provides: tuple[str, ...]  # EmbeddingBatch fields this data can fill
     build: Callable[..., object]  # (module, model, rows, device, autocast, buckets, fields, dropout) -> EmbeddingBatch
     unit: str = "pairs"  # what one row is, for progress lines
-    corpus_to_rows: Callable[..., object] | None = None  # (validated corpus, data config, seed) -> training rows
+    corpus_to_rows: Callable[..., object] | None = None  # (validated corpus, job config, start model) -> rows
 
-    def prepare(self, ds, rows: int, data_cfg, seed: int):
+    def prepare(self, ds, rows: int, cfg, start_model: str):
         """(training dataset, row count) from the validated corpus of ``rows`` records."""
         if self.corpus_to_rows is None:
             return ds, rows
-        ds = self.corpus_to_rows(ds, data_cfg, seed).materialize()
+        ds = self.corpus_to_rows(ds, cfg, start_model).materialize()
         count = ds.count()
         if count == 0:
-            raise ValueError(f"none of the {rows} records of {data_cfg.train} gives {self.unit}")
+            raise ValueError(f"none of the {rows} records of {cfg.data.train} gives {self.unit}")
         print(f"[raoe] {count} {self.unit} from {rows} records", flush=True)
         return ds, count
 
@@ -128,25 +128,82 @@ def sentences_batch(module, model, rows: dict[str, np.ndarray], device, autocast
                           ids1=ids, ids2=ids)
 
 
-def _triplets(ds, data_cfg, seed: int):
+def _triplets(ds, cfg, start_model: str):
     """NLI pairs -> (premise, entailment, contradiction), then shuffled with a seed (they come sorted by premise)
     before data.max_rows, which counts triplets here: a pair subsample would break the groups."""
     from data_pipelines.triplets import nli_triplets
 
-    ds = nli_triplets(ds).random_shuffle(seed=data_cfg.shuffle_seed or seed)
-    return ds.limit(data_cfg.max_rows) if data_cfg.max_rows is not None else ds
+    ds = nli_triplets(ds).random_shuffle(seed=cfg.data.shuffle_seed or cfg.trainer.seed)
+    return ds.limit(cfg.data.max_rows) if cfg.data.max_rows is not None else ds
 
 
-def _sentences(ds, data_cfg, seed: int):
+def _sentences(ds, cfg, start_model: str):
     return ds.select_columns(["text"])  # a SAN corpus trains plain SimCSE too: its negatives stay behind
 
 
-def _sentences_with_negatives(ds, data_cfg, seed: int):
+def _sentences_with_negatives(ds, cfg, start_model: str):
     missing = ds.filter(lambda r: not r["negative"]).count()
     if missing:
-        raise ValueError(f"{missing} sentences of {data_cfg.train} have no 'negative'; the objective (hince) needs an "
+        raise ValueError(f"{missing} sentences of {cfg.data.train} have no 'negative'; the objective (hince) needs an "
                          f"aligned negative for every sentence: generate them with ray_jobs/generate_san.py")
     return ds.select_columns(["text", "negative"])
+
+
+class ListTeacher:
+    """Ray Data actor: the teacher's cosine matrix of each list's sentences, flattened row-major (the ListMLE
+    targets are refined from it during training)."""
+
+    def __init__(self, source: str, batch_size: int):
+        from data_pipelines.teachers import TeacherConfig, TeacherEncoder
+
+        self.encoder = TeacherEncoder(TeacherConfig(name="teacher", source=source, batch_size=batch_size))
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        sims = []
+        for sentences in batch["sentences"]:
+            emb = self.encoder.encode([str(s) for s in sentences])
+            emb = emb / np.linalg.norm(emb, axis=1, keepdims=True).clip(min=1e-12)
+            sims.append((emb @ emb.T).astype(np.float32).ravel())
+        column = np.empty(len(sims), dtype=object)  # one flat n*n array per list, lists of any length
+        for i, sim in enumerate(sims):
+            column[i] = sim
+        return {"sentences": batch["sentences"], "teacher_sim": column}
+
+
+def _lists(ds, cfg, start_model: str):
+    """Each ranked list with its teacher similarity matrix: ``posttrain.teacher``, or the start model, frozen."""
+    import ray
+
+    from tracking.registry import resolve_model
+
+    teacher = resolve_model(cfg.posttrain.teacher or start_model)
+    return ds.map_batches(ListTeacher, fn_constructor_kwargs={"source": teacher, "batch_size": 64}, batch_size=64,
+                          compute=ray.data.ActorPoolStrategy(size=1), num_cpus=cfg.posttrain.teacher_cpus,
+                          batch_format="numpy")
+
+
+def lists_batch(module, model, rows: dict[str, np.ndarray], device, autocast=None, buckets: int = 1,
+                fields: tuple[str, ...] = (), negative_dropout: float | None = None):
+    """Ranked lists: every sentence of the worker's lists through the encoder, gathered with gradient along with
+    the list lengths and teacher matrices, then padded into [lists, longest, d] the same way on every worker."""
+    from torch.nn.utils.rnn import pad_sequence
+
+    from objectives.gather import gather_no_grad, gather_with_grad
+    from objectives.registry import EmbeddingBatch
+
+    lists = [[str(s) for s in sentences] for sentences in rows["sentences"]]
+    local = _encode(module, model, [s for sentences in lists for s in sentences], device, autocast, buckets)
+    lengths = gather_no_grad(torch.tensor([len(x) for x in lists], device=device)).tolist()
+    flat = np.concatenate([np.asarray(t, dtype=np.float32) for t in rows["teacher_sim"]])
+    targets = gather_no_grad(torch.from_numpy(flat).to(device))
+    emb = list(torch.split(gather_with_grad(local), lengths))
+    matrices = [t.view(n, n) for t, n in zip(torch.split(targets, [n * n for n in lengths]), lengths)]
+    longest = max(lengths)
+    target = torch.zeros(len(lengths), longest, longest, device=device)
+    mask = torch.zeros(len(lengths), longest, dtype=torch.bool, device=device)
+    for r, (m, n) in enumerate(zip(matrices, lengths)):
+        target[r, :n, :n], mask[r, :n] = m, True
+    return EmbeddingBatch(list_emb=pad_sequence(emb, batch_first=True), list_mask=mask, list_target=target)
 
 
 KINDS: dict[str, DataKind] = {
@@ -158,5 +215,6 @@ KINDS: dict[str, DataKind] = {
         DataKind("sentences", "sentences", ("emb1", "emb2", "ids1", "ids2"), sentences_batch, "sentences", _sentences),
         DataKind("sentences_san", "sentences", ("emb1", "emb2", "emb_neg", "ids1", "ids2"), sentences_batch,
                  "sentences with aligned negatives", _sentences_with_negatives),
+        DataKind("lists", "lists", ("list_emb", "list_mask", "list_target"), lists_batch, "ranked lists", _lists),
     ]
 }

@@ -18,9 +18,17 @@ def load_rows(iterator, batch_rows: int = 65_536) -> dict[str, np.ndarray]:
     if not frames:
         raise ValueError("the training corpus reached the worker empty")
     frame = pd.concat(frames, ignore_index=True)
-    keys = pd.util.hash_pandas_object(frame, index=False).to_numpy()
+    hashable = frame.apply(lambda column: column.map(_scalar) if column.dtype == object else column)
+    keys = pd.util.hash_pandas_object(hashable, index=False).to_numpy()
     order = np.argsort(keys, kind="stable")
     return {column: frame[column].to_numpy()[order] for column in frame.columns}
+
+
+def _scalar(value):
+    """A list cell (a ranked list's sentences, a teacher matrix) as one hashable string."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return "\x1f".join(map(str, value))
+    return value
 
 
 def take(rows: dict[str, np.ndarray], index: np.ndarray) -> dict[str, np.ndarray]:

@@ -18,7 +18,7 @@ from training.kinds import FIELD_COLUMNS, KINDS, DataKind
 from training.loop import DEV_METRIC, MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
 from training.plan import plan_steps
 
-JOB_DATA = {"stage1": "pairs", "stage2": "sts", "unsupervised": "sentences"}  # the corpus each job reads
+JOB_DATA = {"stage1": "pairs", "stage2": "sts", "unsupervised": "sentences", "posttrain": "lists"}  # each job's data
 
 
 def choose_kind(cfg: TrainJobConfig, params: dict[str, dict]) -> tuple[DataKind, set[str]]:
@@ -54,7 +54,9 @@ def check_objective_fits(weights: dict[str, float], params: dict[str, dict], pro
     g = torch.Generator().manual_seed(0)
     dummy = {"emb1": torch.randn(4, 8, generator=g), "emb2": torch.randn(4, 8, generator=g),
              "labels": torch.tensor([0, 1, 2, 0]), "scores": torch.tensor([0.9, 0.5, 0.1, 0.7]),
-             "ids1": torch.arange(4), "ids2": torch.arange(4, 8), "emb_neg": torch.randn(4, 8, generator=g)}
+             "ids1": torch.arange(4), "ids2": torch.arange(4, 8), "emb_neg": torch.randn(4, 8, generator=g),
+             "list_emb": torch.randn(2, 3, 8, generator=g), "list_mask": torch.ones(2, 3, dtype=torch.bool),
+             "list_target": torch.rand(2, 3, 3, generator=g)}
     try:
         CompositeObjective(weights, params).parts(RecordingBatch(**{k: dummy[k] for k in provided}))
     except ValueError as exc:
@@ -148,7 +150,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
                                      shuffle_seed=cfg.data.shuffle_seed,
                                      on_bad_record=cfg.data.on_bad_record,
                                      quarantine_path=Path(cfg.output_dir) / run_name / "quarantine.jsonl")
-            ds, rows = kind.prepare(ds, report.rows_written, cfg.data, cfg.trainer.seed)
+            ds, rows = kind.prepare(ds, report.rows_written, cfg, start_model)
             if "scores" in needed:
                 missing = ds.filter(lambda r: r["similarity"] is None or r["similarity"] != r["similarity"]).count()
                 if missing:

@@ -20,7 +20,8 @@ METRIC = "best_stsb_dev_spearman"
 
 
 class SweepSpec(Section):
-    job: Literal["stage1", "stage2", "unsupervised"] = Field("stage1", description="which training job each trial runs")
+    job: Literal["stage1", "stage2", "unsupervised", "posttrain"] = Field("stage1",
+                                                                       description="which training job each trial runs")
     base_config: str = Field(..., description="the training config every trial starts from")
     overrides: list[str] = Field(default_factory=list, description="key=value applied to every trial")
     grid: dict[str, list[Any]] = Field(..., description="dotted config key -> values; the sweep is their product")
@@ -43,9 +44,10 @@ class SweepSpec(Section):
 
 
 def job_model(job: str):
-    from jobconfig.schema import Stage2JobConfig, TrainJobConfig, UnsupervisedJobConfig
+    from jobconfig.schema import PosttrainJobConfig, Stage2JobConfig, TrainJobConfig, UnsupervisedJobConfig
 
-    return {"stage1": TrainJobConfig, "stage2": Stage2JobConfig, "unsupervised": UnsupervisedJobConfig}[job]
+    return {"stage1": TrainJobConfig, "stage2": Stage2JobConfig, "unsupervised": UnsupervisedJobConfig,
+            "posttrain": PosttrainJobConfig}[job]
 
 
 def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
