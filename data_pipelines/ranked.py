@@ -70,3 +70,98 @@ def directed_greedy(model, tokenizer, prompts_prev: list[str], prompts_prev2: li
         cut = next((i for i, t in enumerate(row) if t in eos), len(row))
         out.append(tokenizer.decode(row[:cut], skip_special_tokens=True))
     return out
+
+
+# The instruction of the paper's method (ranking-sentences, Appendix A "Prompt for our method").
+LIST_PROMPT = (
+    "Rewrite the following sentence or phrase using different words and sentence structure while preserving its "
+    "original meaning. Directly answer with the rewritten sentence. Don't give any explanation or description other "
+    "than the rewritten sentence.\nWrite a sentence that is entailment with:{sentence}.\nResult:"
+)
+
+
+def kmeans_seeds(embeddings, clusters: int, per_cluster: int, seed: int) -> list[int]:
+    """Row indices of diverse seed sentences: k-means (k-means++ init, seeded) over the embeddings, then up to
+    ``per_cluster`` members of each cluster drawn with the same seed; sorted, deterministic."""
+    import numpy as np
+    from scipy.cluster.vq import kmeans2
+
+    data = np.asarray(embeddings, dtype=np.float64)
+    data = data / np.linalg.norm(data, axis=1, keepdims=True).clip(min=1e-12)
+    k = min(clusters, len(data))
+    rng = np.random.default_rng(seed)
+    _, labels = kmeans2(data, k, minit="++", seed=rng)
+    chosen = []
+    for cluster in range(k):
+        members = np.flatnonzero(labels == cluster)
+        chosen.extend(rng.choice(members, size=min(per_cluster, len(members)), replace=False).tolist())
+    return sorted(chosen)
+
+
+def check_sentence(sentence: str, earlier: list[str]) -> str | None:
+    """Why a generated sentence must end its list (None: keep it): empty, a repeat of an earlier one, or looping
+    (a word four times in a row, or a three-word phrase three times)."""
+    words = sentence.lower().split()
+    if not words or not any(ch.isalnum() for ch in sentence):
+        return "empty"
+    if sentence.strip().lower() in {e.strip().lower() for e in earlier}:
+        return "repeated"
+    if any(len(set(words[i:i + 4])) == 1 for i in range(len(words) - 3)):
+        return "looping"
+    grams = [tuple(words[i:i + 3]) for i in range(len(words) - 2)]
+    if grams and max(grams.count(g) for g in set(grams)) >= 3:
+        return "looping"
+    return None
+
+
+class ListGenerator:
+    """Ray Data actor: one causal LM; for a batch of seed sentences, ``steps`` sentences each by directionally
+    controlled decoding (x1 at lam = 0, later ones steered away from the sentence two back), lists stopped early
+    at the first sentence that fails ``check_sentence``."""
+
+    def __init__(self, model: str, prompt: str, steps: int, lam: float, max_new_tokens: int, threads: int = 1):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from encoders.sources import resolve_model_source
+
+        torch.set_num_threads(threads)
+        path = resolve_model_source(model)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(path).eval()
+        self.prompt, self.steps, self.lam, self.max_new_tokens = prompt, steps, lam, max_new_tokens
+
+    def render(self, sentence: str) -> str:
+        message = self.prompt.replace("{sentence}", sentence)
+        if self.tokenizer.chat_template:
+            return self.tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
+                                                      add_generation_prompt=True)
+        return message
+
+    def generate(self, seeds: list[str]) -> tuple[list[list[str]], list[str | None]]:
+        lists, stopped = [[s] for s in seeds], [None] * len(seeds)
+        for step in range(self.steps):
+            active = [i for i in range(len(seeds)) if stopped[i] is None]
+            if not active:
+                break
+            prev = [self.render(lists[i][-1]) for i in active]
+            prev2 = [self.render(lists[i][-2]) for i in active] if step > 0 else None
+            outputs = directed_greedy(self.model, self.tokenizer, prev, prev2, lam=self.lam if step > 0 else 0.0,
+                                      max_new_tokens=self.max_new_tokens)
+            for i, text in zip(active, outputs):
+                text = text.strip().split("\n")[0].strip().strip('"')
+                reason = check_sentence(text, lists[i])
+                if reason is None:
+                    lists[i].append(text)
+                else:
+                    stopped[i] = reason
+        return lists, stopped
+
+    def __call__(self, batch):
+        import numpy as np
+
+        lists, stopped = self.generate([str(t) for t in batch["text"]])
+        column = np.empty(len(lists), dtype=object)
+        for i, sentences in enumerate(lists):
+            column[i] = sentences
+        return {"sentences": column, "stopped": np.array(stopped, dtype=object)}

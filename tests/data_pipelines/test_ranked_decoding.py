@@ -34,12 +34,9 @@ def test_lam_zero_is_greedy_generate(lm):
     assert directed_greedy(model, tokenizer, PROMPTS, OTHER, lam=0.0, max_new_tokens=12) == want
 
 
-def test_guided_steps_take_the_argmax_of_the_combined_scores(lm):
-    model, tokenizer = lm
-    lam, n = 1.0, 6
-    got = directed_greedy(model, tokenizer, PROMPTS[:1], OTHER[:1], lam=lam, max_new_tokens=n)
-    # reference: recompute both conditions from scratch at every step (no cache, no batching)
-    a, b = (tokenizer(p, return_tensors="pt", add_special_tokens=False)["input_ids"] for p in (PROMPTS[0], OTHER[0]))
+def _reference(model, tokenizer, prompt, other, lam, n):
+    """Both conditions recomputed from scratch at every step: no cache, no batching, no padding."""
+    a, b = (tokenizer(p, return_tensors="pt", add_special_tokens=False)["input_ids"] for p in (prompt, other))
     tokens = []
     with torch.no_grad():
         for _ in range(n):
@@ -48,5 +45,67 @@ def test_guided_steps_take_the_argmax_of_the_combined_scores(lm):
             t = int(((1 + lam) * la - lam * lb).argmax())
             tokens.append(t)
             a, b = torch.cat([a, torch.tensor([[t]])], 1), torch.cat([b, torch.tensor([[t]])], 1)
-    assert got == [tokenizer.decode(tokens, skip_special_tokens=True)]
-    assert got != directed_greedy(model, tokenizer, PROMPTS[:1], None, lam=0, max_new_tokens=n)
+    return tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.5, 1.5])
+def test_batched_guided_decoding_equals_the_two_pass_reference_one_prompt_at_a_time(lm, lam):
+    model, tokenizer = lm
+    batched = directed_greedy(model, tokenizer, PROMPTS, OTHER, lam=lam, max_new_tokens=6)
+    single = [directed_greedy(model, tokenizer, [p], [o], lam=lam, max_new_tokens=6)[0] for p, o in zip(PROMPTS, OTHER)]
+    assert batched == single == [_reference(model, tokenizer, p, o, lam, 6) for p, o in zip(PROMPTS, OTHER)]
+    if lam > 0:
+        assert batched != directed_greedy(model, tokenizer, PROMPTS, None, lam=0, max_new_tokens=6)
+
+
+def test_kmeans_seeds_are_diverse_and_deterministic():
+    import numpy as np
+
+    from data_pipelines.ranked import kmeans_seeds
+
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(4, 8)) * 10
+    points = np.concatenate([c + rng.normal(size=(25, 8)) for c in centers])  # 4 clear clusters of 25
+    chosen = kmeans_seeds(points, clusters=4, per_cluster=3, seed=7)
+    assert chosen == kmeans_seeds(points, clusters=4, per_cluster=3, seed=7)
+    assert len(chosen) == 12 and sorted({i // 25 for i in chosen}) == [0, 1, 2, 3]  # three from every cluster
+    assert chosen != kmeans_seeds(points, clusters=4, per_cluster=3, seed=8)
+
+
+@pytest.mark.parametrize("sentence, reason", [("", "empty"), ("...", "empty"), ("A man sits.", "repeated"),
+                                              ("the the the the end", "looping"),
+                                              ("a big dog a big dog a big dog", "looping"), ("A woman runs.", None)])
+def test_list_checks(sentence, reason):
+    from data_pipelines.ranked import check_sentence
+
+    assert check_sentence(sentence, ["a man sits.", "Two men sit."]) == reason
+
+
+def test_generate_lists_job_accounts_for_every_seed(tmp_path, monkeypatch):
+    import json
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import own_ray
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "ray_jobs"))
+    try:
+        from generate_lists import GenerateListsJobConfig, main
+    finally:
+        sys.path.remove(str(root / "ray_jobs"))
+    from jobconfig import load_config
+
+    cfg = load_config(GenerateListsJobConfig, root / "configs" / "tiny" / "generate_lists.yaml", [
+        f"data.train={root / 'configs/tiny/data/sentences_san.jsonl'}", f"output_dir={tmp_path}",
+        "tracking.experiment=raoe-test"])
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
+    with own_ray(num_cpus=2):
+        result = main(cfg)
+    assert result["seeds"] == 8 and result["lists_written"] + result["lists_without_sentences"] == 8
+    assert result["lists_stopped_early"] == sum(result["stopped"].values())
+    lists = [json.loads(x)["sentences"] for x in open(Path(result["output_path"]) / "lists.jsonl")]
+    assert len(lists) == result["lists_written"] and sum(map(len, lists)) == result["sentences"]
+    curves = result["similarity_by_position"]
+    assert len(curves) == 2 and all(c[0] == pytest.approx(1.0) for c in curves.values())

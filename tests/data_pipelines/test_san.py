@@ -99,7 +99,7 @@ def test_llm_answers_are_parsed_and_every_sentence_gets_one():
     assert len(out) == 5 and all(isinstance(x, str) for x in out)
 
 
-def test_job_accounts_for_every_input_row(ray_local, tmp_path):
+def test_job_accounts_for_every_input_row(ray_local, tmp_path, monkeypatch):
     import sys
 
     sys.path.insert(0, str(ROOT / "ray_jobs"))
@@ -112,6 +112,8 @@ def test_job_accounts_for_every_input_row(ray_local, tmp_path):
     cfg = GenerateSanJobConfig(data={"train": str(corpus), "on_bad_record": "quarantine"},
                                san={"model": "tiny:bert-mlm", "iterations": 2, "cpus_per_actor": 0.5},
                                output_dir=str(tmp_path / "san"), tracking={"experiment": "raoe-test"})
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     result = main(cfg)
     assert result["rows_in"] == 35 and result["rows_quarantined"] == 3  # '?!', bad UTF-8, '...'
     assert result["rows_written"] + result["rows_guarded"] + result["rows_quarantined"] == result["rows_in"]
