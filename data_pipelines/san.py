@@ -287,8 +287,8 @@ def guard_reason(anchor: str, negative: str, nlp, cfg: SanConfig) -> str | None:
         return "unparseable"
     if sum(map(is_wordless, words)) / len(words) > cfg.max_punctuation_share:
         return "mostly_punctuation"
-    if negative.strip().lower() == anchor.strip().lower():
-        return "unchanged"
+    if [w.lower() for w in words] == [w.lower() for w in words_of(nlp, anchor)[0] if w.strip()]:
+        return "unchanged"  # the same words, whatever the spacing (SNLI's "track ." vs "track.") or casing
     return None
 
 

@@ -79,6 +79,7 @@ def test_the_guard_keeps_junk_out(filler):
     nlp, cfg = filler.tagger.nlp, SanConfig()
     assert guard_reason("Stafford acting General Secretary.", "-., p.", nlp, cfg) == "mostly_punctuation"
     assert guard_reason("A man sits.", "a man sits.", nlp, cfg) == "unchanged"
+    assert guard_reason("A man sits on a dirt track .", "A man sits on a dirt track.", nlp, cfg) == "unchanged"
     assert guard_reason("A man sits.", "  ", nlp, cfg) == "unparseable"
     assert guard_reason("A man sits.", "A woman stands.", nlp, cfg) is None
 
