@@ -25,7 +25,7 @@ DATA = Path(os.environ.get("RAOE_DEV_DATA", ROOT.parent / "shared" / "data"))
 CONFIG = ROOT / "configs" / "generate_san" / "snli-llm-cpu.yaml"
 
 
-def generate(workdir: Path, name: str, sentences: int, actors: int) -> dict:
+def generate(workdir: Path, name: str, sentences: int, actors: int, batch_rows: int = 256) -> dict:
     from generate_san import GenerateSanJobConfig, main
 
     from jobconfig import load_config
@@ -34,7 +34,7 @@ def generate(workdir: Path, name: str, sentences: int, actors: int) -> dict:
     cfg = load_config(GenerateSanJobConfig, CONFIG, [
         f"data.train={DATA / 'snli'}", f"data.max_rows={sentences}", f"output_dir={workdir / name}",
         f"san.actors={actors}", f"san.cpus_per_actor={0.9 if actors > 1 else 1.0}", f"san.threads={threads}",
-        "san.batch_size=16", "tracking.experiment=raoe-bench-san"])
+        "san.batch_size=16", f"batch_rows={batch_rows}", "tracking.experiment=raoe-bench-san"])
     return main(cfg)
 
 
@@ -72,12 +72,26 @@ def train(workdir: Path, name: str, data: Path, objective: str, steps: int, batc
             "best_step": result["metrics"]["best_step"], "train_seconds": time.perf_counter() - started}
 
 
+def _throughput_table(out: dict) -> list[str]:
+    tp1, tp2 = out["job_1_actors"]["sentences_per_second"], out["job_2_actors"]["sentences_per_second"]
+    direct_rate = out["direct_sentences_per_second"]
+    return [
+        "# SAN generation throughput", "",
+        "## Generation throughput (SmolLM2-135M, few-shot prompt, greedy, 30 new tokens, batches of 16)", "",
+        "| path | sentences/s | ratio to direct |", "|---|---|---|",
+        f"| direct, one process, 2 threads | {direct_rate:.2f} | 1.00 |",
+        f"| job, 1 actor x 2 threads (wall, incl. Ray start, reading, model load) | {tp1:.2f} | {tp1 / direct_rate:.2f} |",
+        f"| job, 2 actors x 1 thread (wall) | {tp2:.2f} | {tp2 / direct_rate:.2f} |",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sentences", type=int, default=480, help="SNLI dev sentences given negatives for training")
     parser.add_argument("--throughput-sentences", type=int, default=64, help="sentences per throughput measurement")
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps of each unsupervised run")
     parser.add_argument("--batch", type=int, default=32, help="sentences per step")
+    parser.add_argument("--throughput-only", action="store_true", help="only the generation throughput rows")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from benchmarks.common import machine, write_results
@@ -97,10 +111,14 @@ def main() -> None:
         out["direct_sentences_per_second"] = direct(pool[:n])
         print(f"[bench] direct: {out['direct_sentences_per_second']:.2f} sentences/s", flush=True)
         for actors in (1, 2):
-            result = generate(workdir, f"tp{actors}", n, actors)
+            result = generate(workdir, f"tp{actors}", n, actors, batch_rows=16)  # 16-sentence blocks for every actor
             out[f"job_{actors}_actors"] = {k: result[k] for k in ("sentences_per_second", "seconds", "rows_written",
                                                                   "rows_guarded", "guarded")}
             print(f"[bench] job, {actors} actor(s): {out[f'job_{actors}_actors']}", flush=True)
+        if args.throughput_only:
+            write_results("san_throughput", out, "\n".join(_throughput_table(out)) + "\n")
+            print(json.dumps(out))
+            return
         san = generate(workdir, "train", args.sentences, 1)
         out["negatives"] = {k: san[k] for k in ("rows_in", "rows_written", "rows_guarded", "guarded",
                                                 "changed_share_by_pos", "mean_token_overlap", "sentences_per_second")}
@@ -116,16 +134,9 @@ def main() -> None:
             print(f"[bench] {name}: {runs[name]}", flush=True)
         runs["student"] = score("pypi:all-minilm-l6-v2")
         out["training"] = runs
-    tp1, tp2 = out["job_1_actors"]["sentences_per_second"], out["job_2_actors"]["sentences_per_second"]
     lines = [
         "# SAN: LLM negatives (SmolLM2-135M) and SimCSE vs SimCSE+SAN from the MiniLM student", "",
-        f"Machine: {machine()}.", "",
-        "## Generation throughput (SmolLM2-135M, few-shot prompt, greedy, 30 new tokens, batches of 16)", "",
-        "| path | sentences/s | ratio to direct |", "|---|---|---|",
-        f"| direct, one process, 2 threads | {out['direct_sentences_per_second']:.2f} | 1.00 |",
-        f"| job, 1 actor x 2 threads (wall, incl. Ray start and reading) | {tp1:.2f} | "
-        f"{tp1 / out['direct_sentences_per_second']:.2f} |",
-        f"| job, 2 actors x 1 thread | {tp2:.2f} | {tp2 / out['direct_sentences_per_second']:.2f} |", "",
+        f"Machine: {machine()}.", "", *_throughput_table(out)[1:], "",
         f"## Negatives for training ({args.sentences} SNLI dev sentences)", "",
         f"written {san['rows_written']}, guarded {san['rows_guarded']} {san['guarded']}; mean word overlap "
         f"{san['mean_token_overlap']:.3f}; share of words changed by POS: {san['changed_share_by_pos']}", "",

@@ -58,6 +58,8 @@ def main(cfg: GenerateSanJobConfig) -> dict:
               f"sentences on {cfg.san.actors} actor(s) ...", flush=True)
         # Straight from the materialised corpus into the actor pool: no task in between that would need a CPU the
         # actors hold (Ray Data would wait forever, e.g. 2 actors x 0.9 CPU on 2 cores).
+        # Blocks of about batch_rows sentences, so every actor gets work; materialised before the pool starts.
+        ds = ds.repartition(max(cfg.san.actors, -(-report.rows_written // cfg.batch_rows))).materialize()
         frame = generate_negatives(ds, cfg.san, cfg.batch_rows).to_pandas()
     seconds = time.time() - started
     written, guarded = frame[frame["guard"].isna()], frame[frame["guard"].notna()]
