@@ -198,7 +198,10 @@ def run_sweep(spec: SweepSpec, spec_path: str | None = None) -> dict[str, Any]:
             results = tuner.fit()
         rows = sweep_table(results, points)
         scored = [r for r in rows if r[METRIC] is not None and r[METRIC] == r[METRIC]]
-        best = max(scored, key=lambda r: r[METRIC]) if scored else None
+        # Ties (tiny runs often tie) go to the earliest grid point, so a resumed sweep names the same best.
+        order = {json.dumps({k: p[k] for k in spec.grid}, sort_keys=True): i for i, p in enumerate(points)}
+        best = max(scored, key=lambda r: (r[METRIC], -order.get(json.dumps({k: r[k] for k in spec.grid},
+                                                                          sort_keys=True), 0))) if scored else None
         out = Path(storage if "://" not in storage else ".") / f"{sweep_name}-summary"
         out.mkdir(parents=True, exist_ok=True)
         (out / "sweep_table.json").write_text(json.dumps(rows, indent=2, default=str))

@@ -75,10 +75,13 @@ def test_bf16_is_autocast_with_fp32_weights_under_both_strategies(runs):
     for result in (ddp, ds):
         weights = load_file(f"{result['model_path']}/model.safetensors")
         assert {t.dtype for t in weights.values()} == {torch.float32}
-    # the same autocast under both strategies (measured: 2e-7 apart), and not the fp32 gradient (8e-4 apart)
+    # the same autocast under both strategies, and not the fp32 computation: measured here, bf16 DDP vs bf16 ZeRO-2
+    # grad norms 58.119564 / 58.119587 (4e-7 apart), fp32 58.120316 (1.3e-5 from bf16, 33x the DDP/ZeRO gap)
     assert ds["metrics"]["train_loss"] == pytest.approx(ddp["metrics"]["train_loss"], rel=1e-5)
     assert ds["metrics"]["grad_norm"] == pytest.approx(ddp["metrics"]["grad_norm"], rel=1e-5)
-    assert abs(ddp["metrics"]["grad_norm"] / fp32_grad_norm - 1) > 1e-4
+    gap = abs(ds["metrics"]["grad_norm"] - ddp["metrics"]["grad_norm"])
+    assert abs(ddp["metrics"]["grad_norm"] - fp32_grad_norm) > 10 * gap
+    assert abs(ds["metrics"]["grad_norm"] - fp32_grad_norm) > 10 * gap  # ZeRO really autocasts too
     checkpoint = next((p for p in __import__("pathlib").Path(ds["checkpoint_path"]).rglob("*model_states.pt")))
     module = torch.load(checkpoint, map_location="cpu", weights_only=False)["module"]
     assert {t.dtype for t in module.values() if t.is_floating_point()} == {torch.float32}
