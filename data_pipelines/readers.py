@@ -107,3 +107,10 @@ def load_corpus(
     # then streams blocks without needing a CPU for read/filter tasks, which could otherwise wait forever.
     good = records.filter(lambda r: r["error"] is None).select_columns(list(FIELDS[kind])).materialize()
     return good, report
+
+
+def load_configured(kind: str, data_cfg, quarantine_path: str | Path):
+    """``load_corpus`` with a job's ``data.*`` keys (train, format, split, max_rows, shuffle_seed, on_bad_record)."""
+    return load_corpus(kind, data_cfg.train, fmt=data_cfg.format, split=data_cfg.split, max_rows=data_cfg.max_rows,
+                       shuffle_seed=data_cfg.shuffle_seed, on_bad_record=data_cfg.on_bad_record,
+                       quarantine_path=quarantine_path)

@@ -97,7 +97,7 @@ def main(cfg: GenerateListsJobConfig) -> dict:
     import mlflow
 
     from data_pipelines.ranked import kmeans_seeds
-    from data_pipelines.readers import load_corpus
+    from data_pipelines.readers import load_configured
     from data_pipelines.teachers import TeacherConfig, TeacherEncoder
     from encoders.sources import resolve_model_source
     from runtime.local_ray import ray_session
@@ -111,9 +111,7 @@ def main(cfg: GenerateListsJobConfig) -> dict:
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     started = time.time()
     with ray_session():
-        ds, report = load_corpus("sentences", cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
-                                 max_rows=cfg.data.max_rows, shuffle_seed=cfg.data.shuffle_seed,
-                                 on_bad_record=cfg.data.on_bad_record, quarantine_path=out / "quarantine.jsonl")
+        ds, report = load_configured("sentences", cfg.data, out / "quarantine.jsonl")
         texts = [r["text"] for r in ds.take_all()]
         chosen = kmeans_seeds(encoder.encode(texts), cfg.lists.clusters, cfg.lists.per_cluster, cfg.lists.seed)
         seeds = [texts[i] for i in chosen]

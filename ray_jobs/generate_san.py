@@ -38,7 +38,7 @@ def main(cfg: GenerateSanJobConfig) -> dict:
     import mlflow
     import mlflow.data
 
-    from data_pipelines.readers import load_corpus
+    from data_pipelines.readers import load_configured
     from data_pipelines.san import GUARD_REASONS, generate_negatives, plot, summarise
     from encoders.sources import resolve_model_source
     from runtime.local_ray import ray_session
@@ -51,9 +51,7 @@ def main(cfg: GenerateSanJobConfig) -> dict:
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     started = time.time()
     with ray_session():
-        ds, report = load_corpus("sentences", cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
-                                 max_rows=cfg.data.max_rows, shuffle_seed=cfg.data.shuffle_seed,
-                                 on_bad_record=cfg.data.on_bad_record, quarantine_path=out / "quarantine.jsonl")
+        ds, report = load_configured("sentences", cfg.data, out / "quarantine.jsonl")
         print(f"[raoe] generating SAN negatives ({cfg.san.method}, {cfg.san.model}) for {report.rows_written} "
               f"sentences on {cfg.san.actors} actor(s) ...", flush=True)
         # Straight from the materialised corpus into the actor pool: no task in between that would need a CPU the
