@@ -104,7 +104,10 @@ def check_sentence(sentence: str, earlier: list[str]) -> str | None:
     words = sentence.lower().split()
     if not words or not any(ch.isalnum() for ch in sentence):
         return "empty"
-    if sentence.strip().lower() in {e.strip().lower() for e in earlier}:
+    def plain(text: str) -> list[str]:  # words only: "packages ." and "packages." are the same sentence
+        return "".join(ch if ch.isalnum() else " " for ch in text.lower()).split()
+
+    if plain(sentence) in [plain(e) for e in earlier]:
         return "repeated"
     if any(len(set(words[i:i + 4])) == 1 for i in range(len(words) - 3)):
         return "looping"

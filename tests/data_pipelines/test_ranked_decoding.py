@@ -73,6 +73,7 @@ def test_kmeans_seeds_are_diverse_and_deterministic():
 
 
 @pytest.mark.parametrize("sentence, reason", [("", "empty"), ("...", "empty"), ("A man sits.", "repeated"),
+                                              ("a man sits .", "repeated"),
                                               ("the the the the end", "looping"),
                                               ("a big dog a big dog a big dog", "looping"), ("A woman runs.", None)])
 def test_list_checks(sentence, reason):
