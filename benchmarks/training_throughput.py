@@ -84,7 +84,7 @@ def run_st_trainer(frame, steps: int, batch: int) -> dict:
 
 
 def run_raoe_bare(frame, steps: int, batch: int) -> dict:
-    """The Ray Train loop's per-step body, called directly: build_encoder, embedding_batch (gather is a no-op
+    """The Ray Train loop's per-step body, called directly: build_encoder, text_pairs_batch (gather is a no-op
     with one process), CompositeObjective, TorchStrategy."""
     import numpy as np
     import torch
