@@ -6,6 +6,8 @@ The paper's "gamma = 1.5" is this guidance scale 1 + lam (classifier-free guidan
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 
@@ -98,6 +100,16 @@ def kmeans_seeds(embeddings, clusters: int, per_cluster: int, seed: int) -> list
     return sorted(chosen)
 
 
+def first_sentence(output: str) -> str:
+    """The generated sentence: the first line of the output, unquoted, up to its first sentence end (small chat
+    models often run on with commentary after the rewrite)."""
+    text = output.strip().split("\n")[0].strip()
+    if text.startswith('"'):  # a quoted rewrite: the quote is the sentence
+        text = text[1:].split('"')[0].strip()
+    end = re.search(r'[.!?]["\')]?(?=\s|$)', text)
+    return text[: end.end()] if end else text
+
+
 def check_sentence(sentence: str, earlier: list[str]) -> str | None:
     """Why a generated sentence must end its list (None: keep it): empty, a repeat of an earlier one, or looping
     (a word four times in a row, or a three-word phrase three times)."""
@@ -120,7 +132,8 @@ def check_sentence(sentence: str, earlier: list[str]) -> str | None:
 class ListGenerator:
     """Ray Data actor: one causal LM; for a batch of seed sentences, ``steps`` sentences each by directionally
     controlled decoding (x1 at lam = 0, later ones steered away from the sentence two back), lists stopped early
-    at the first sentence that fails ``check_sentence``."""
+    at the first sentence that fails ``check_sentence`` or that the token limit cut before its end; of each output
+    only its first sentence is kept."""
 
     def __init__(self, model: str, prompt: str, steps: int, lam: float, max_new_tokens: int, threads: int = 1):
         import torch
@@ -151,14 +164,19 @@ class ListGenerator:
             prev2 = [self.render(lists[i][-2]) for i in active] if step > 0 else None
             outputs = directed_greedy(self.model, self.tokenizer, prev, prev2, lam=self.lam if step > 0 else 0.0,
                                       max_new_tokens=self.max_new_tokens)
-            for i, text in zip(active, outputs):
-                text = text.strip().split("\n")[0].strip().strip('"')
+            for i, raw in zip(active, outputs):
+                text = first_sentence(raw)
                 reason = check_sentence(text, lists[i])
+                if reason is None and not re.search(r'[.!?]["\')]?$', text) and self._hit_token_limit(raw):
+                    reason = "unfinished"  # cut by max_new_tokens before any sentence end
                 if reason is None:
                     lists[i].append(text)
                 else:
                     stopped[i] = reason
         return lists, stopped
+
+    def _hit_token_limit(self, output: str) -> bool:
+        return len(self.tokenizer(output, add_special_tokens=False)["input_ids"]) >= self.max_new_tokens
 
     def __call__(self, batch):
         import numpy as np

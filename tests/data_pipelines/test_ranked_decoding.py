@@ -110,3 +110,15 @@ def test_generate_lists_job_accounts_for_every_seed(tmp_path, monkeypatch):
     assert len(lists) == result["lists_written"] and sum(map(len, lists)) == result["sentences"]
     curves = result["similarity_by_position"]
     assert len(curves) == 2 and all(c[0] == pytest.approx(1.0) for c in curves.values())
+
+
+@pytest.mark.parametrize("output, sentence", [
+    (' "A man sits on a bench." He is tired.\nMore', "A man sits on a bench."),
+    ("Two dogs run. Then they stop", "Two dogs run."),
+    ("men walking by the river", "men walking by the river"),
+    ('She said "hi." and left', 'She said "hi."'),
+])
+def test_only_the_first_generated_sentence_is_kept(output, sentence):
+    from data_pipelines.ranked import first_sentence
+
+    assert first_sentence(output) == sentence
