@@ -16,7 +16,7 @@ from data_pipelines.records import (
     pair_record,
     sentence_record,
     sts_record,
-    text_field,
+    triple_record,
 )
 
 Row = dict[str, Any]
@@ -167,11 +167,6 @@ def _ranked_list(record: dict) -> Row:
     return {"sentences": sentences}
 
 
-def _triple(record: dict) -> Row:
-    return {"text1": text_field(record, "text1"), "text2": text_field(record, "text2"),
-            "relation": text_field(record, "relation")}
-
-
 def _parquet(path: Path, convert: Callable[[dict], Row]) -> Iterator[Row]:
     import pyarrow.parquet as pq
 
@@ -198,7 +193,8 @@ PARSERS: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
         "senteval_nli": lambda p, split: _senteval_nli_sentences(p, split or "train"),
     },
     "lists": {"jsonl": lambda p, split: _records(p, _ranked_list)},
-    "triples": {"jsonl": lambda p, split: _records(p, _triple)},
+    "triples": {"jsonl": lambda p, split: _records(p, triple_record),
+                "parquet": lambda p, split: _parquet(p, triple_record)},
 }
 
 
@@ -233,7 +229,7 @@ FIELDS = {
     "sts": ("text1", "text2", "score", "similarity"),
     "sentences": ("text", "negative"),
     "lists": ("sentences",),
-    "triples": ("text1", "text2", "relation"),
+    "triples": ("head", "tail", "relation", "negative"),
 }
 
 

@@ -9,7 +9,15 @@ import json
 import math
 from typing import Any
 
-from data_pipelines.records import LABELS, NO_LABEL, RecordError, pair_record, sentence_record, sts_record
+from data_pipelines.records import (
+    LABELS,
+    NO_LABEL,
+    RecordError,
+    pair_record,
+    sentence_record,
+    sts_record,
+    triple_record,
+)
 
 HUB_PREFIX = "hf:"
 # Column names of the common hub layouts, by the field they fill (first present wins).
@@ -18,6 +26,8 @@ COLUMNS = {
               "label": ("label", "gold_label"), "similarity": ("similarity",)},
     "sts": {"text1": ("sentence1", "text1"), "text2": ("sentence2", "text2"), "score": ("score", "similarity", "label")},
     "sentences": {"text": ("text", "sentence"), "negative": ("negative",)},
+    "triples": {"head": ("head", "anchor", "sentence1"), "tail": ("tail", "positive", "sentence2"),
+                "relation": ("relation",), "negative": ("negative",)},
 }
 LINE = "__raoe_line"
 
@@ -52,7 +62,7 @@ def load_hub_split(source: str, split: str | None):
 def column_map(kind: str, columns: list[str]) -> dict[str, str]:
     """Field -> the dataset's column for it; a missing required column is an error naming what was looked for."""
     if kind not in COLUMNS:
-        raise ValueError(f"hub datasets hold pairs, sts or sentences, not {kind!r}")
+        raise ValueError(f"hub datasets hold pairs, sts, sentences or triples, not {kind!r}")
     found = {}
     for field, candidates in COLUMNS[kind].items():
         column = next((c for c in candidates if c in columns), None)
@@ -96,6 +106,8 @@ def hub_record(kind: str, row: dict[str, Any], columns: dict[str, str], scale: f
         return pair_record(get)
     if kind == "sts":
         return sts_record(get["text1"], get["text2"], get["score"], scale=scale)
+    if kind == "triples":
+        return triple_record(get)
     return sentence_record(get)
 
 
@@ -106,7 +118,7 @@ def hub_rows(kind: str, source: str, split: str | None):
     from data_pipelines.formats import FIELDS
 
     if kind not in COLUMNS:
-        raise ValueError(f"hub datasets hold pairs, sts or sentences, not {kind!r}")
+        raise ValueError(f"hub datasets hold pairs, sts, sentences or triples, not {kind!r}")
     data = load_hub_split(source, split)
     columns = column_map(kind, data.column_names)
     scale = sts_scale(data, columns["score"]) if kind == "sts" else 1.0

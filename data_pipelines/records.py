@@ -114,3 +114,17 @@ def sts_record(text1: Any, text2: Any, score: Any, *, scale: float = 5.0) -> dic
     row = {"text1": text1, "text2": text2}
     return {"text1": text_field(row, "text1"), "text2": text_field(row, "text2"), "score": value,
             "similarity": value / scale}
+
+
+def triple_record(record: dict[str, Any]) -> dict[str, Any]:
+    """{head, tail, relation, negative?} -> a TRIPLES row (RSE): head and tail sentences related by ``relation``
+    (any name); an optional in-relation hard negative that must differ from the tail."""
+    head, tail = sentence_text(record.get("head"), "head"), sentence_text(record.get("tail"), "tail")
+    relation = text_field(record, "relation").strip()
+    negative = record.get("negative")
+    if negative is not None:
+        negative = sentence_text(negative, "negative")
+        if negative.strip() == tail.strip():
+            raise RecordError("field 'negative' equals the tail (the positive itself)")
+    return {"head": head, "tail": tail, "relation": relation, "negative": negative}
+

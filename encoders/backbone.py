@@ -179,6 +179,10 @@ def export_encoder(model, path: str | Path, meta: dict[str, Any] | None = None) 
     info = {"prompt": getattr(model, "raoe_prompt", None), "quantization": getattr(model, "raoe_quantization", "none"),
             "padding_side": getattr(model, "raoe_padding_side", None), **(meta or {})}
     (path / RAOE_META).write_text(json.dumps(info, indent=2, default=str))
+    if getattr(model, "relation_names", None) is not None:  # an RSE model: its relation table next to the encoder
+        from encoders.relational import save_relation_table
+
+        save_relation_table(model, path)
     return path
 
 

@@ -104,14 +104,19 @@ def load_task(data_dir: str | Path, task: str, split: str = "test") -> STSPairs 
 Encoder = Callable[[list[str]], np.ndarray]
 
 
-def cosine_scores(encode: Encoder, pairs: STSPairs) -> np.ndarray:
-    """Cosine of each pair; every distinct sentence is encoded once."""
+def pair_embeddings(encode: Encoder, pairs: STSPairs) -> tuple[np.ndarray, np.ndarray]:
+    """Embeddings of each pair's two sentences (float64); every distinct sentence is encoded once."""
     unique = sorted(set(pairs.sentences1) | set(pairs.sentences2))
     index = {s: i for i, s in enumerate(unique)}
     emb = np.asarray(encode(unique), dtype=np.float64)
-    emb /= np.linalg.norm(emb, axis=1, keepdims=True).clip(min=1e-12)
-    a = emb[[index[s] for s in pairs.sentences1]]
-    b = emb[[index[s] for s in pairs.sentences2]]
+    return emb[[index[s] for s in pairs.sentences1]], emb[[index[s] for s in pairs.sentences2]]
+
+
+def cosine_scores(encode: Encoder, pairs: STSPairs) -> np.ndarray:
+    """Cosine of each pair."""
+    a, b = pair_embeddings(encode, pairs)
+    a /= np.linalg.norm(a, axis=1, keepdims=True).clip(min=1e-12)
+    b /= np.linalg.norm(b, axis=1, keepdims=True).clip(min=1e-12)
     return np.sum(a * b, axis=1)
 
 
@@ -124,9 +129,11 @@ def spearman_x100(predicted: np.ndarray, gold: np.ndarray) -> float:
 def evaluate_sts(
     encode: Encoder, data_dir: str | Path, tasks: list[str] | None = None, *, max_pairs: int | None = None,
     stsb_split: str = "test", predictions: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    score: Callable[[Encoder, STSPairs], np.ndarray] | None = None,
 ) -> dict[str, float | None]:
     """{task: Spearman x 100 or None when absent, ..., "avg": mean of the present tasks}. Pass a dict as
-    ``predictions`` to also get each task's (cosine, gold) arrays, e.g. for a scatter plot."""
+    ``predictions`` to also get each task's (cosine, gold) arrays, e.g. for a scatter plot. ``score`` replaces
+    the cosine (an RSE model's relation-weighted score)."""
     results: dict[str, float | None] = {}
     for task in tasks or ALL_TASKS:
         pairs = load_task(data_dir, task, split=stsb_split)
@@ -134,7 +141,7 @@ def evaluate_sts(
             results[task] = None
             continue
         pairs = pairs.head(max_pairs)
-        cosine = cosine_scores(encode, pairs)
+        cosine = (score or cosine_scores)(encode, pairs)
         results[task] = spearman_x100(cosine, pairs.gold)
         if predictions is not None:
             predictions[task] = (cosine, np.asarray(pairs.gold))
@@ -143,9 +150,11 @@ def evaluate_sts(
     return results
 
 
-def stsb_dev_spearman(encode: Encoder, data_dir: str | Path, max_pairs: int | None = None) -> float | None:
+def stsb_dev_spearman(encode: Encoder, data_dir: str | Path, max_pairs: int | None = None,
+                      score: Callable[[Encoder, STSPairs], np.ndarray] | None = None) -> float | None:
     """What training selects checkpoints by: the same code path, restricted to STS-B dev."""
-    return evaluate_sts(encode, data_dir, ["STSBenchmark"], max_pairs=max_pairs, stsb_split="dev")["STSBenchmark"]
+    return evaluate_sts(encode, data_dir, ["STSBenchmark"], max_pairs=max_pairs, stsb_split="dev",
+                        score=score)["STSBenchmark"]
 
 
 def plot_cosine_vs_gold(cosine: np.ndarray, gold: np.ndarray, path: str | Path, title: str) -> Path:

@@ -183,3 +183,92 @@ class PosttrainJobConfig(TrainJobConfig):
         epochs=1.0, lr=3e-6, global_batch_size=2, eval_every=25, warmup_ratio=0.0))
     objective: ObjectiveConfig = Field(default_factory=lambda: ObjectiveConfig(weights={"listmle": 1.0}))
     posttrain: PosttrainSection = Field(default_factory=PosttrainSection)
+
+
+class TripleSource(Section):
+    """One corpus of relation triples, or a corpus mapped to them."""
+
+    train: str = Field(..., description="a file, folder or hf:<dataset>")
+    format: Literal["auto", "jsonl", "parquet", "senteval_nli", "snli_jsonl", "pairs_jsonl", "txt"] = Field(
+        "auto", description="reader; auto picks by file name")
+    split: str | None = Field(None, description="split of a SentEval folder or hf: dataset")
+    mapping: Literal["triples", "nli", "same-sent"] = Field(
+        "triples", description="triples: rows {head, tail, relation, negative?}; nli: NLI pairs -> (premise, "
+        "entailment hypothesis, contradiction hypothesis as the hard negative); same-sent: each sentence related to "
+        "itself (dropout makes the two views)")
+    relation: str | None = Field(None, description="relation name for nli / same-sent rows (default 'entailment' / "
+                                 "'same-sent'); with triples, every row's relation is renamed to it")
+    max_rows: int | None = Field(None, ge=1, description="use only the first N records (after shuffle_seed)")
+    shuffle_seed: int | None = Field(None, description="shuffle records with this seed before max_rows")
+
+
+class RelationalDataConfig(DataConfig):
+    format: Literal["auto", "jsonl", "parquet", "senteval_nli", "snli_jsonl", "pairs_jsonl", "txt"] = Field(
+        "auto", description="reader of data.train; auto picks by file name")
+    mapping: Literal["triples", "nli", "same-sent"] = Field("triples", description="what data.train holds "
+                                                          "(see data.sources)")
+    relation: str | None = Field(None, description="relation name for data.train's rows (see data.sources)")
+    sources: list[TripleSource] = Field(default_factory=list, description="more corpora next to data.train, each "
+                                        "with its own train/format/split/mapping/relation/max_rows")
+    relations: list[str] | None = Field(None, description="the relation set, in table order; null = the names the "
+                                        "corpus holds, sorted; a name outside a fixed set is an error")
+    caps: dict[str, int] = Field(default_factory=dict, description="relation -> at most this many triples (a seeded "
+                                 "sample; the paper caps non-NLI relations at 150K)")
+    weights: dict[str, float] = Field(default_factory=dict, description="relation -> sampling weight: each triple "
+                                      "appears w times per epoch on average (whole copies plus a seeded share)")
+    heldout: int = Field(0, ge=0, description="triples per relation held out of training for relation prediction "
+                         "(MRR, Hits@k); 0 = none")
+
+    @field_validator("caps")
+    @classmethod
+    def _caps_positive(cls, caps: dict[str, int]) -> dict[str, int]:
+        bad = {k: v for k, v in caps.items() if v < 1}
+        if bad:
+            raise ValueError(f"caps must be at least 1: {bad}")
+        return caps
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_positive(cls, weights: dict[str, float]) -> dict[str, float]:
+        bad = {k: v for k, v in weights.items() if not v > 0}
+        if bad:
+            raise ValueError(f"sampling weights must be > 0: {bad}")
+        return weights
+
+
+class RelationalSection(Section):
+    relation_lr: float = Field(1e-2, gt=0, description="learning rate of the relation vectors (randomly initialised, "
+                               "so far above the encoder's; the paper's 1e-2), no weight decay")
+    init_std: float = Field(0.02, gt=0, description="relation vectors start as N(0, init_std^2) (BERT's embedding "
+                            "init, as the paper's nn.Embedding gets)")
+
+
+class RelationalEvalConfig(EvalConfig):
+    relation_weights: dict[str, float] | None = Field(
+        None, description="relation -> weight of its score cos(h_a + r, h_b) for STS (normalised to sum 1, max over "
+        "both directions); null = equal weights over every relation")
+
+
+class RelationalJobConfig(TrainJobConfig):
+    """RSE (relational sentence embeddings): an encoder and a learned vector per relation, trained so that
+    cos(h_head + r, h_tail) beats in-batch tails and in-relation hard negatives (Eq. 1-2). The authors' settings:
+    CLS pooling, tau 0.05, lr 5e-5, relation lr 1e-2, batch 512, 3 epochs, max length 32, no warm-up or weight decay,
+    STS-B dev every 125 steps with relation weights entailment 1.0 + duplicate-question 0.5."""
+
+    stage: Literal["relational"] = Field("relational", description="relational (relation triples)")
+    model: ModelConfig = Field(default_factory=lambda: ModelConfig(pooling="cls", max_length=32))
+    trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(
+        epochs=3.0, lr=5e-5, global_batch_size=512, warmup_ratio=0.0, weight_decay=0.0, eval_every=125))
+    data: RelationalDataConfig = Field(default_factory=RelationalDataConfig)
+    objective: ObjectiveConfig = Field(default_factory=lambda: ObjectiveConfig(weights={"relational": 1.0}))
+    eval: RelationalEvalConfig = Field(default_factory=lambda: RelationalEvalConfig(tasks=["STSBenchmark"],
+                                                                                    stsb_split="dev"))
+    relational: RelationalSection = Field(default_factory=RelationalSection)
+
+    @field_validator("trainer")
+    @classmethod
+    def _no_zero3(cls, trainer: TrainerConfig) -> TrainerConfig:
+        if trainer.strategy == "deepspeed" and trainer.zero_stage == 3:
+            raise ValueError("trainer.zero_stage 3 is not supported by the relational job: the relation table is "
+                             "used outside the encoder's forward, where ZeRO-3 keeps it partitioned; use stage 0-2")
+        return trainer

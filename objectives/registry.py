@@ -35,6 +35,7 @@ class EmbeddingBatch:
     labels: torch.Tensor | None = None  # [B] NLI labels E=0, N=1, C=2
     ids1: torch.Tensor | None = None  # [B] integer ids of the first texts (duplicate detection)
     ids2: torch.Tensor | None = None
+    ids_neg: torch.Tensor | None = None  # [B'] integer ids of the negatives' texts (RSE false-negative masking)
     relation: torch.Tensor | None = None  # [B] relation index (RSE)
     relation_table: torch.Tensor | None = None  # [K, d] learned relation vectors (RSE)
     list_emb: torch.Tensor | None = None  # [R, n, d] ranked lists, seed first (ListMLE)
@@ -130,7 +131,8 @@ SPECS: dict[str, ObjectiveSpec] = {
             "relational", "RSE relational contrastive objective, Eq. 1-2",
             "Wang et al. RSE: Relational Sentence Embedding (rse.txt)", {"tau": 0.05},
             lambda b, p: relational_loss(
-                *b.require("relational", "emb1", "emb2", "relation", "relation_table"), b.emb_neg, **p
+                *b.require("relational", "emb1", "emb2", "relation", "relation_table"), b.emb_neg, b.ids1, b.ids2,
+                b.ids_neg, **p
             ),
         ),
     ]

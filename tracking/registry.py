@@ -12,9 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from encoders.backbone import RAOE_META
+from encoders.relational import RELATIONS_JSON, RELATIONS_WEIGHTS
+
+EXTRA_FILES = (RAOE_META, RELATIONS_JSON, RELATIONS_WEIGHTS)  # raoe's files beside the sentence-transformers ones
 
 MODEL_ARTIFACT = "model"
-REGISTERED = {"stage1": "raoe-s1", "stage2": "raoe-s2", "unsupervised": "raoe-unsup", "posttrain": "raoe-lists"}
+REGISTERED = {"stage1": "raoe-s1", "stage2": "raoe-s2", "unsupervised": "raoe-unsup", "posttrain": "raoe-lists",
+              "relational": "raoe-rse"}
 MODEL_URI_PREFIXES = ("models:/", "runs:/", "mlflow-artifacts:/")
 
 
@@ -58,7 +62,7 @@ def log_and_register(model_dir: str | Path, run_id: str, registered_model: str |
     with context:
         info = mlflow.sentence_transformers.log_model(
             model, name=MODEL_ARTIFACT, pip_requirements=_pins(),
-            extra_files=[str(p) for p in Path(model_dir).glob(RAOE_META)] or None,
+            extra_files=[str(Path(model_dir) / f) for f in EXTRA_FILES if (Path(model_dir) / f).exists()] or None,
         )
     result: dict[str, Any] = {"model_uri": f"runs:/{run_id}/{MODEL_ARTIFACT}", "logged_model_uri": info.model_uri,
                               "registered_model": None, "version": None}
@@ -95,20 +99,21 @@ def download_model(uri: str, cache: str | Path | None = None) -> str:
         target.parent.mkdir(parents=True, exist_ok=True)
         with building(target) as staging:
             mlflow.artifacts.download_artifacts(artifact_uri=resolved, dst_path=str(staging))
-            _restore_raoe_meta(staging)
+            _restore_extra_files(staging)
     found = sorted(p.parent for p in target.rglob("modules.json"))
     if not found:
         raise FileNotFoundError(f"{uri} holds no sentence-transformers model (no modules.json)")
     return str(found[0])
 
 
-def _restore_raoe_meta(folder: Path) -> None:
-    """The flavor stores raoe's metadata (prompt template, step) among its extra files: put it back next to
-    modules.json, where load_encoder reads it."""
-    metas = list(folder.rglob(RAOE_META))
-    for modules in folder.rglob("modules.json"):
-        if metas and not (modules.parent / RAOE_META).exists():
-            shutil.copy(metas[0], modules.parent / RAOE_META)
+def _restore_extra_files(folder: Path) -> None:
+    """The flavor stores raoe's files (metadata with the prompt template, an RSE relation table) among its extra
+    files: put them back next to modules.json, where load_encoder and RelationalEncoder read them."""
+    for name in EXTRA_FILES:
+        found = list(folder.rglob(name))
+        for modules in folder.rglob("modules.json"):
+            if found and not (modules.parent / name).exists():
+                shutil.copy(found[0], modules.parent / name)
 
 
 def resolve_model(source: str) -> str:

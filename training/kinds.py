@@ -26,6 +26,11 @@ class DataKind:
     build: Callable[..., object]  # (module, model, rows, device, autocast, buckets, fields, dropout) -> EmbeddingBatch
     unit: str = "pairs"  # what one row is, for progress lines
     corpus_to_rows: Callable[..., object] | None = None  # (validated corpus, job config, start model) -> rows
+    # A corpus that is not one data.train (RSE's mix of sources): (job config, quarantine path) ->
+    # (Ray Dataset of training rows, DataReport, extras for the workers and for ``finish``)
+    load: Callable[..., tuple] | None = None
+    setup_model: Callable[..., None] | None = None  # (model, extras, start folder, seed) on every worker
+    finish: Callable[..., dict] | None = None  # (job config, model folder, extras, output folder) -> metrics
 
     def prepare(self, ds, rows: int, cfg, start_model: str):
         """(training dataset, row count) from the validated corpus of ``rows`` records."""
@@ -206,6 +211,65 @@ def lists_batch(module, model, rows: dict[str, np.ndarray], device, autocast=Non
     return EmbeddingBatch(list_emb=pad_sequence(emb, batch_first=True), list_mask=mask, list_target=target)
 
 
+def _load_triples(cfg, quarantine_path):
+    """RSE: every source as triples, then held-out slice, caps, weights and hard negatives (seeded)."""
+    import ray
+
+    from data_pipelines.relations import load_triples, prepare_triples
+
+    frame, report = load_triples(cfg.data, quarantine_path)
+    triples = prepare_triples(frame, cfg.data, cfg.trainer.seed)
+    print(f"[raoe] relations {triples.counts} (training triples), {len(triples.heldout)} held out", flush=True)
+    columns = ["head", "tail", "negative", "relation_id"]
+    extras = {"relations": triples.relations, "relation_lr": cfg.relational.relation_lr,
+              "init_std": cfg.relational.init_std, "heldout": triples.heldout.to_dict("records"),
+              "counts": triples.counts}
+    return ray.data.from_pandas(triples.train[columns]).materialize(), report, extras
+
+
+def _relation_table(model, extras: dict, start_folder: str | None, seed: int) -> None:
+    from encoders.relational import TABLE, attach_relation_table
+
+    attach_relation_table(model, extras["relations"], start_folder, init_std=extras["init_std"], seed=seed)
+    table = getattr(model, TABLE)
+    table.raoe_lr = extras["relation_lr"]  # its own optimizer group (training/strategy.py), no weight decay
+    table.raoe_watch = TABLE  # its gradient norm is logged per step as grad_norm/relation_vectors
+
+
+def _relation_report(cfg, model_dir, extras: dict, out_dir) -> dict:
+    """After training: relation prediction on the held-out triples and the relation-vector cosine plot."""
+    from pathlib import Path
+
+    from encoders.relational import RelationalEncoder, plot_relation_similarity, relation_prediction
+
+    encoder = RelationalEncoder(model_dir)
+    plot = plot_relation_similarity(encoder.names, encoder.vectors, Path(out_dir) / "relation_similarity.png")
+    out = {"relations": extras["counts"], "relation_similarity_plot": str(plot)}
+    if extras["heldout"]:
+        out["relation_prediction"] = relation_prediction(encoder.encode, extras["heldout"], encoder.names,
+                                                         encoder.vectors)
+    return out
+
+
+def triples_batch(module, model, rows: dict[str, np.ndarray], device, autocast=None, buckets: int = 1,
+                  fields: tuple[str, ...] = (), negative_dropout: float | None = None):
+    """Relation triples: heads, tails and hard negatives through the encoder together (a same-sent triple's head
+    and tail are two dropout views), gathered with gradient; relation ids and text ids gathered; the relation
+    table is the model's own parameter, the same full tensor on every worker."""
+    from encoders.relational import TABLE
+    from objectives.gather import gather_no_grad, gather_with_grad
+    from objectives.registry import EmbeddingBatch
+
+    head, tail = [str(t) for t in rows["head"]], [str(t) for t in rows["tail"]]
+    negative = [str(t) for t in rows["negative"]]
+    every = _encode(module, model, head + tail + negative, device, autocast, buckets)
+    n = len(head)
+    relation = gather_no_grad(torch.as_tensor(np.asarray(rows["relation_id"], dtype=np.int64), device=device))
+    return EmbeddingBatch(emb1=gather_with_grad(every[:n]), emb2=gather_with_grad(every[n: 2 * n]),
+                          emb_neg=gather_with_grad(every[2 * n:]), ids1=_ids(head, device), ids2=_ids(tail, device),
+                          ids_neg=_ids(negative, device), relation=relation, relation_table=getattr(model, TABLE))
+
+
 KINDS: dict[str, DataKind] = {
     k.name: k for k in [
         DataKind("pairs", "pairs", ("emb1", "emb2", "labels", "scores", "ids1", "ids2"), text_pairs_batch),
@@ -216,5 +280,8 @@ KINDS: dict[str, DataKind] = {
         DataKind("sentences_san", "sentences", ("emb1", "emb2", "emb_neg", "ids1", "ids2"), sentences_batch,
                  "sentences with aligned negatives", _sentences_with_negatives),
         DataKind("lists", "lists", ("list_emb", "list_mask", "list_target"), lists_batch, "ranked lists", _lists),
+        DataKind("triples", "triples", ("emb1", "emb2", "emb_neg", "ids1", "ids2", "ids_neg", "relation",
+                                        "relation_table"), triples_batch, "relation triples",
+                 load=_load_triples, setup_model=_relation_table, finish=_relation_report),
     ]
 }

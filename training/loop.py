@@ -56,8 +56,14 @@ class Evaluator:
         from encoders.backbone import encode_texts
         from evaluation.sts import stsb_dev_spearman
 
+        score = None
+        if getattr(model, "relation_names", None) is not None:  # RSE: the relation-weighted score selects
+            from encoders.relational import TABLE, relation_sts_scorer
+
+            vectors = getattr(model, TABLE).detach().float().cpu().numpy()
+            score = relation_sts_scorer(model.relation_names, vectors, self.cfg.get("relation_weights"))
         return stsb_dev_spearman(lambda s: encode_texts(model, s, self.cfg["batch_size"]), self.cfg["data_dir"],
-                                 max_pairs=self.cfg.get("max_pairs"))
+                                 max_pairs=self.cfg.get("max_pairs"), score=score)
 
 
 class MetricsLog:
@@ -107,6 +113,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                               quantization=model_cfg["quantization"], lora=model_cfg["lora"],
                               padding_side=model_cfg["padding_side"],
                               gradient_checkpointing=model_cfg["gradient_checkpointing"])
+        kind = KINDS[config["kind"]]
+        if kind.setup_model is not None:  # e.g. RSE's relation table: trainable state beside the encoder
+            kind.setup_model(model, config.get("extras", {}), model_path, trainer_cfg["seed"])
         model.train()
         strategy = STRATEGIES[trainer_cfg["strategy"]](model, trainer_cfg, plan, world)
         state = strategy.load(Path(resume_dir)) if resume_dir else {}
@@ -114,7 +123,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     resumed_at = step if resume_dir else None
 
     objective = CompositeObjective(config["objective"]["weights"], config["objective"]["params"])
-    kind, fields = KINDS[config["kind"]], tuple(config["fields"])
+    fields = tuple(config["fields"])
     negative_dropout = model_cfg.get("negative_dropout")
     evaluator, metrics_log = Evaluator(config["eval"]), MetricsLog(config.get("mlflow") if rank == 0 else None)
     rows = load_rows(ray.train.get_dataset_shard("train"))  # the whole corpus: micro-batches are taken by index
@@ -149,6 +158,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         step += 1
         elapsed = time.perf_counter() - started
         metrics = {"train_loss": loss_sum, "grad_norm": grad_norm, "lr": strategy.lr(),
+                   **{f"grad_norm/{k}": v for k, v in strategy.watched_norms.items()},
                    **{f"loss/{k}": v for k, v in parts_sum.items()},
                    "pairs_per_second": plan.global_batch * (step - (resumed_at or 0)) / max(elapsed, 1e-9)}
         metrics_log.log(metrics, step)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from datetime import datetime, timezone
@@ -18,7 +19,8 @@ from training.kinds import FIELD_COLUMNS, KINDS, DataKind
 from training.loop import DEV_METRIC, MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
 from training.plan import plan_steps
 
-JOB_DATA = {"stage1": "pairs", "stage2": "sts", "unsupervised": "sentences", "posttrain": "lists"}  # each job's data
+JOB_DATA = {"stage1": "pairs", "stage2": "sts", "unsupervised": "sentences", "posttrain": "lists",
+            "relational": "triples"}  # each job's data
 
 
 def choose_kind(cfg: TrainJobConfig, params: dict[str, dict]) -> tuple[DataKind, set[str]]:
@@ -56,7 +58,8 @@ def check_objective_fits(weights: dict[str, float], params: dict[str, dict], pro
              "labels": torch.tensor([0, 1, 2, 0]), "scores": torch.tensor([0.9, 0.5, 0.1, 0.7]),
              "ids1": torch.arange(4), "ids2": torch.arange(4, 8), "emb_neg": torch.randn(4, 8, generator=g),
              "list_emb": torch.randn(2, 3, 8, generator=g), "list_mask": torch.ones(2, 3, dtype=torch.bool),
-             "list_target": torch.rand(2, 3, 3, generator=g)}
+             "list_target": torch.rand(2, 3, 3, generator=g), "ids_neg": torch.arange(8, 12),
+             "relation": torch.tensor([0, 1, 0, 1]), "relation_table": torch.randn(2, 8, generator=g)}
     try:
         CompositeObjective(weights, params).parts(RecordingBatch(**{k: dummy[k] for k in provided}))
     except ValueError as exc:
@@ -122,7 +125,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
     started = time.time()
     params = objective_params(cfg.objective)
     kind, needed = choose_kind(cfg, params)
-    if not cfg.data.train:
+    if not cfg.data.train and kind.load is None:
         raise ValueError("data.train must name the training data (a file or folder)")
     start_model = cfg.model.init_from or cfg.model.source
     resolve_model(start_model)  # fails here, before any Ray resource, if it cannot be found
@@ -145,12 +148,16 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
             mlflow.log_dict(resolved, "config.json")
         with ray_session():
             ray.data.DataContext.get_current().enable_progress_bars = False  # the loop prints its own progress
-            ds, report = load_corpus(kind.corpus, cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
-                                     max_rows=None if kind.name == "triplets" else cfg.data.max_rows,
-                                     shuffle_seed=cfg.data.shuffle_seed,
-                                     on_bad_record=cfg.data.on_bad_record,
-                                     quarantine_path=Path(cfg.output_dir) / run_name / "quarantine.jsonl")
-            ds, rows = kind.prepare(ds, report.rows_written, cfg, start_model)
+            quarantine = Path(cfg.output_dir) / run_name / "quarantine.jsonl"
+            extras: dict[str, Any] = {}
+            if kind.load is not None:
+                ds, report, extras = kind.load(cfg, quarantine)
+            else:
+                ds, report = load_corpus(kind.corpus, cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
+                                         max_rows=None if kind.name == "triplets" else cfg.data.max_rows,
+                                         shuffle_seed=cfg.data.shuffle_seed,
+                                         on_bad_record=cfg.data.on_bad_record, quarantine_path=quarantine)
+            ds, rows = kind.prepare(ds, ds.count() if kind.load else report.rows_written, cfg, start_model)
             if "scores" in needed:
                 missing = ds.filter(lambda r: r["similarity"] is None or r["similarity"] != r["similarity"]).count()
                 if missing:
@@ -166,9 +173,11 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
                 "model": resolved["model"], "start_model": start_model, "trainer": resolved["trainer"],
                 "objective": {"weights": cfg.objective.weights, "params": params}, "plan": plan.as_dict(),
                 "kind": kind.name, "fields": sorted(needed & set(FIELD_COLUMNS)),
+                "extras": {k: v for k, v in extras.items() if k not in ("heldout", "counts")},  # driver-side only
                 "threads_per_worker": cfg.trainer.threads_per_worker,
                 "eval": {"select": dev_available, "data_dir": str(Path(cfg.eval.data_dir).resolve()),
-                         "batch_size": cfg.eval.batch_size, "max_pairs": cfg.eval.max_pairs},
+                         "batch_size": cfg.eval.batch_size, "max_pairs": cfg.eval.max_pairs,
+                         "relation_weights": getattr(cfg.eval, "relation_weights", None)},
                 "mlflow": {"tracking_uri": tracking_uri(), "run_id": run_id},
             }
             trainer = TorchTrainer(
@@ -203,6 +212,8 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
         mlflow.log_dict({"history": history, "plan": plan.as_dict(), "data": report.as_dict()}, "training_summary.json")
         if curve:
             mlflow.log_artifact(str(curve))
+        finished = kind.finish(cfg, out_dir / MODEL_DIR, extras, out_dir) if kind.finish else {}
+        _log_finished(finished)
         best_dev = best_metrics.get(DEV_METRIC) if dev_available else None
         final_metrics = {"train_loss": final.get("train_loss"), "grad_norm": final.get("grad_norm"),
                          "steps": final.get("step"),
@@ -210,7 +221,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
         per_step = ("train_loss", "grad_norm")  # logged per step already: the final values get their own names
         mlflow.log_metrics({("final_" + k if k in per_step else k): float(v)
                             for k, v in final_metrics.items() if v is not None})
-        tags = {"raoe.stage": cfg.stage, "data": cfg.data.train, "objective": json.dumps(cfg.objective.weights),
+        tags = {"raoe.stage": cfg.stage, "data": cfg.data.train or "", "objective": json.dumps(cfg.objective.weights),
                 "start_model": start_model, DEV_METRIC: best_dev}
         registry = (log_and_register(out_dir / MODEL_DIR, run_id, registered, tags) if register else
                     {"model_uri": None, "registered_model": None, "version": None})
@@ -222,8 +233,21 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
         "num_workers": cfg.trainer.num_workers, "quantization": cfg.model.quantization,
         "lora": cfg.model.lora.model_dump() if cfg.model.lora else None,
         "checkpoint_path": result.path, "seconds": time.time() - started,
-        "tracking_uri": tracking_uri(), "experiment": cfg.tracking.experiment,
+        "tracking_uri": tracking_uri(), "experiment": cfg.tracking.experiment, **finished,
     }
+
+
+def _log_finished(finished: dict[str, Any]) -> None:
+    """A data kind's after-training results into the run: numbers as metrics, PNGs as artifacts."""
+    import mlflow
+
+    numbers = {k: float(v) for k, v in _flat(finished).items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if numbers:
+        mlflow.log_metrics({re.sub(r"[^A-Za-z0-9_\-./ ]", "_", k.replace("@", "_at_")): v for k, v in numbers.items()})
+    for value in _flat(finished).values():
+        if isinstance(value, str) and value.endswith(".png") and Path(value).exists():
+            mlflow.log_artifact(value)
 
 
 def _best(result):

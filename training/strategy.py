@@ -25,16 +25,26 @@ def grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
     return torch.nn.utils.get_total_norm([p.grad.float() for p in params])
 
 
+def watched(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """Parameters whose gradient norm is logged on its own (``param.raoe_watch = name``), e.g. RSE's relation table."""
+    return {p.raoe_watch: p for p in model.parameters() if getattr(p, "raoe_watch", None)}
+
+
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """AdamW; no weight decay on biases and norm weights (the BERT recipe)."""
-    decay, no_decay = [], []
+    """AdamW; no weight decay on biases and norm weights (the BERT recipe). A parameter with its own learning rate
+    (``param.raoe_lr``, e.g. RSE's randomly initialised relation table) gets a group of its own, without decay."""
+    decay, no_decay, own = [], [], {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
+            continue
+        if getattr(param, "raoe_lr", None) is not None:
+            own.setdefault(float(param.raoe_lr), []).append(param)
             continue
         (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
     if not decay and not no_decay:
         raise ValueError("the model has no trainable parameters (a LoRA adapter start model needs model.lora set)")
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0},
+              *[{"params": params, "weight_decay": 0.0, "lr": group_lr} for group_lr, params in own.items()]]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr)
 
 
@@ -61,6 +71,7 @@ class TorchStrategy:
         self.grad_accum = plan.grad_accum
         self.world = world
         self.bf16 = bool(trainer_cfg["bf16"])
+        self.watched_norms: dict[str, float] = {}
 
     evaluates_on_every_rank = False  # rank 0 holds the full model
 
@@ -85,6 +96,7 @@ class TorchStrategy:
         """Clip, step, and return the norm of the (all-reduced, so global) gradient before clipping."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = grad_norm(params)
+        self.watched_norms = {k: float(grad_norm([p])) for k, p in watched(self.model).items() if p.grad is not None}
         if self.grad_clip:
             torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm)
         self.optimizer.step()
@@ -150,6 +162,7 @@ class DeepSpeedStrategy:
         self.zero_stage = trainer_cfg["zero_stage"]
         self.evaluates_on_every_rank = self.zero_stage == 3  # a ZeRO-3 forward all-gathers weights on every rank
         self.grad_norm = None
+        self.watched_norms: dict[str, float] = {}
 
     def autocast(self):
         """The engine autocasts its own forward (``torch_autocast`` in its config)."""
@@ -171,6 +184,12 @@ class DeepSpeedStrategy:
 
     def micro_step(self) -> None:
         boundary = self.engine.is_gradient_accumulation_boundary()
+        if boundary:  # before the step consumes them: the full (reduced) gradient, wherever ZeRO keeps it
+            from deepspeed.utils import safe_get_full_grad
+
+            grads = {k: safe_get_full_grad(p) for k, p in watched(self.model).items()}
+            self.watched_norms = {k: float(torch.linalg.vector_norm(g.float())) for k, g in grads.items()
+                                  if g is not None}
         if boundary and self.zero_stage == 0:  # no ZeRO optimizer to compute it: the grads are all-reduced here
             self.grad_norm = float(grad_norm([p for p in self.model.parameters() if p.grad is not None]))
         self.engine.step()  # steps optimizer and scheduler only at the accumulation boundary
