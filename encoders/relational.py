@@ -44,7 +44,7 @@ def attach_relation_table(model: torch.nn.Module, names: list[str], start_folder
     DeepSpeed all-reduce, shard and checkpoint it with the encoder) and used by the loss outside the forward.
     Vectors of relations the start folder already holds are loaded (a resumed run, or a trained RSE start model);
     the others start as N(0, init_std^2) from ``seed``."""
-    dim = model.get_sentence_embedding_dimension()
+    dim = model.get_embedding_dimension()
     generator = torch.Generator().manual_seed(seed)
     table = torch.randn(len(names), dim, generator=generator) * init_std
     saved = read_relation_table(start_folder) if start_folder else None

@@ -84,13 +84,20 @@ def refine(phi, omega):
     return out
 
 
-def relational(head, tail, rel, table, neg, tau):
+def relational(head, tail, rel, table, neg, tau, head_ids=None, tail_ids=None, neg_ids=None):
+    """With ids: tail j (j != i) is no negative of row i when it shares i's head or tail text; hard negative j is
+    none when its text is tail i."""
     rows = []
     for i in range(len(head)):
         q = head[i] + table[rel[i]]
-        row = [cosine(q, tail[j]) / tau for j in range(len(tail))]
+        row = []
+        for j in range(len(tail)):
+            false = head_ids is not None and j != i and (head_ids[j] == head_ids[i] or tail_ids[j] == tail_ids[i])
+            row.append(-math.inf if false else cosine(q, tail[j]) / tau)
         if neg is not None:
-            row += [cosine(q, neg[j]) / tau for j in range(len(neg))]
+            for j in range(len(neg)):
+                false = neg_ids is not None and neg_ids[j] == tail_ids[i]
+                row.append(-math.inf if false else cosine(q, neg[j]) / tau)
         rows.append(row)
     return cross_entropy_rows(rows, list(range(len(head))))
 

@@ -83,6 +83,22 @@ def test_relational_equals_double_loop_and_scores_pick_the_relation():
     assert relation_scores(head, exact_tail, table).argmax(dim=1).tolist() == rel.tolist()
 
 
+def test_relational_keeps_the_same_anchor_and_the_positive_out_of_the_denominator():
+    """RSE's released batches can hold the same anchor twice (its other tail then counts as a negative) and a random
+    in-relation negative can be the positive itself: with text ids both leave row i's denominator."""
+    head, tail, neg, table = tensors(7, (6, 5), (6, 5), (6, 5), (2, 5))
+    rel = torch.tensor([0, 1, 0, 1, 0, 1])
+    head_ids = torch.tensor([10, 10, 11, 12, 13, 14])  # rows 0 and 1: the same anchor
+    tail_ids = torch.tensor([20, 21, 22, 23, 24, 22])  # rows 2 and 5: the same tail text
+    neg_ids = torch.tensor([30, 20, 31, 32, 33, 34])  # row 1's negative is row 0's tail
+    got = relational_loss(head, tail, rel, table, neg, head_ids, tail_ids, neg_ids, tau=0.5)
+    want = reference.relational(head.numpy(), tail.numpy(), rel.tolist(), table.numpy(), neg.numpy(), 0.5,
+                                head_ids.tolist(), tail_ids.tolist(), neg_ids.tolist())
+    assert got.item() == pytest.approx(want, rel=1e-12)
+    unmasked = relational_loss(head, tail, rel, table, neg, tau=0.5)
+    assert abs(got.item() - unmasked.item()) > 1e-2  # the masks change the loss
+
+
 def test_gradcheck_cross_entropy_objectives():
     a, p, n, table = tensors(6, (5, 4), (5, 4), (5, 4), (2, 4))
     a.requires_grad_()

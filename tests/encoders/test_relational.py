@@ -1,0 +1,148 @@
+"""RSE models outside training: the exported folder (plain SentenceTransformer + relation table), scoring by
+relation and by weights, relation prediction on a toy case with a known answer, and the triple corpus preparation."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+
+@pytest.fixture(scope="module")
+def rse_folder(tmp_path_factory):
+    """A tiny encoder with a known relation table, exported the way training exports it."""
+    from encoders.backbone import build_encoder, export_encoder
+    from encoders.relational import attach_relation_table
+    from encoders.sources import resolve_model_source
+
+    model = build_encoder(str(resolve_model_source("tiny:bert")), pooling="cls", max_length=32)
+    attach_relation_table(model, ["entailment", "same-sent"], None, init_std=0.5, seed=3)
+    folder = tmp_path_factory.mktemp("rse") / "model"
+    export_encoder(model, folder)
+    return folder
+
+
+A = ["a child is holding a ball.", "the group is running in the park."]
+B = ["a child is playing.", "two people is eating food."]
+
+
+def _cos(u, v):
+    return float(np.dot(u, v) / (np.linalg.norm(u) * np.linalg.norm(v)))
+
+
+def test_scores_are_cosines_of_translated_heads_from_the_plain_folder(rse_folder):
+    from safetensors.numpy import load_file
+    from sentence_transformers import SentenceTransformer
+
+    from encoders.relational import RelationalEncoder
+
+    plain = SentenceTransformer(str(rse_folder), device="cpu")  # still an ordinary sentence-transformers folder
+    ea, eb = plain.encode(A), plain.encode(B)
+    names = json.loads((rse_folder / "relations.json").read_text())["relations"]
+    table = load_file(str(rse_folder / "relations.safetensors"))["relation_vectors"]
+    assert names == ["entailment", "same-sent"] and table.shape == (2, ea.shape[1])
+    model = RelationalEncoder(rse_folder)
+    assert set(model.relations) == set(names) and np.array_equal(model.relations["same-sent"], table[1])
+    for k, name in enumerate(names):
+        want = [_cos(ea[i] + table[k], eb[i]) for i in range(len(A))]
+        np.testing.assert_allclose(model.score(A, B, relation=name), want, rtol=1e-5)
+    mix = [0.25 * _cos(ea[i] + table[0], eb[i]) + 0.75 * _cos(ea[i] + table[1], eb[i]) for i in range(len(A))]
+    np.testing.assert_allclose(model.score(A, B, weights={"entailment": 1.0, "same-sent": 3.0}), mix, rtol=1e-5)
+    back = [0.25 * _cos(eb[i] + table[0], ea[i]) + 0.75 * _cos(eb[i] + table[1], ea[i]) for i in range(len(A))]
+    np.testing.assert_allclose(model.score(A, B, weights={"entailment": 1, "same-sent": 3}, both_directions=True),
+                               np.maximum(mix, back), rtol=1e-5)
+    with pytest.raises(ValueError, match="unknown relation.*'paraphrase'"):
+        model.score(A, B, relation="paraphrase")
+
+
+def test_relation_table_survives_a_reload_into_training(rse_folder):
+    from encoders.backbone import build_encoder
+    from encoders.relational import attach_relation_table, read_relation_table
+
+    model = build_encoder(str(rse_folder), pooling="cls", max_length=32)
+    attach_relation_table(model, ["same-sent", "paraphrase", "entailment"], rse_folder, init_std=0.02, seed=0)
+    names, saved = read_relation_table(rse_folder)
+    table = model.relation_vectors.detach().numpy()
+    assert np.array_equal(table[0], saved[names.index("same-sent")])  # by name, not by position
+    assert np.array_equal(table[2], saved[names.index("entailment")])
+    assert 0 < np.abs(table[1]).max() < 0.2  # a new relation starts small and random
+
+
+def test_relation_prediction_on_a_toy_case_with_a_known_answer():
+    from encoders.relational import relation_prediction
+
+    vectors = {"h1": [1, 0, 0], "h2": [0, 1, 0], "t1": [1, 0, 0], "t2": [0.9, 0.1, 0], "t3": [0, 0, 1]}
+    encode = lambda texts: np.array([vectors[t] for t in texts], dtype=float)  # noqa: E731
+    table = np.zeros((2, 3))
+    table[1] = [0, -1, 1]  # r1 turns h2 into t3's direction
+    triples = [{"head": "h1", "relation": "r0", "tail": "t2"},  # t1 scores higher: rank 2
+               {"head": "h2", "relation": "r0", "tail": "t2"},  # rank 1
+               {"head": "h2", "relation": "r1", "tail": "t3"},  # rank 1
+               {"head": "h2", "relation": "r1", "tail": "t1"}]  # rank 1: t3 scores higher but is a true tail too
+    got = relation_prediction(encode, triples, ["r0", "r1"], table)
+    assert got["r0"]["mrr"] == pytest.approx((1 / 2 + 1) / 2) and got["r0"]["hits@1"] == 0.5
+    assert got["r1"]["mrr"] == 1.0 and got["all"]["hits@1"] == pytest.approx(3 / 4)
+    assert got["all"]["hits@3"] == 1.0 and got["all"]["candidates"] == 3  # the distinct tails t1, t2, t3
+    # filtered setting: once (h1, r0, t1) is a true triple too, t1 above t2 is no error
+    filtered = relation_prediction(encode, triples + [{"head": "h1", "relation": "r0", "tail": "t1"}], ["r0", "r1"],
+                                   table)
+    assert filtered["r0"]["mrr"] == 1.0 and filtered["r0"]["triples"] == 3
+
+
+def _data_cfg(**overrides):
+    from jobconfig.schema import RelationalDataConfig
+
+    return RelationalDataConfig(train="unused", **overrides)
+
+
+def _frame():
+    rows = [{"head": f"e{i}", "tail": f"f{i}", "relation": "entailment", "negative": f"c{i}"} for i in range(20)]
+    rows += [{"head": f"q{i}", "tail": f"d{i % 10}", "relation": "dup", "negative": None} for i in range(30)]
+    return pd.DataFrame(rows)
+
+
+def test_triples_are_held_out_capped_weighted_and_given_in_relation_negatives():
+    from data_pipelines.relations import prepare_triples
+
+    cfg = _data_cfg(heldout=4, caps={"dup": 20}, weights={"entailment": 1.5})
+    data = prepare_triples(_frame(), cfg, seed=0)
+    assert data.relations == ["dup", "entailment"]
+    assert data.counts == {"dup": 20, "entailment": 16 + 8}  # 30-4 capped at 20; (20-4) x 1.5
+    held = data.heldout
+    assert len(held) == 8 and set(held["relation"]) == {"dup", "entailment"}
+    train = data.train
+    assert not set(zip(held["head"], held["tail"])) & set(zip(train["head"], train["tail"]))
+    dup = train[train["relation"] == "dup"]
+    assert dup["negative"].notna().all() and (dup["negative"] != dup["tail"]).all()
+    assert set(dup["negative"]) <= set(dup["tail"])  # a random tail of the same relation
+    ent = train[train["relation"] == "entailment"]
+    assert (ent["negative"].str[0] == "c").all()  # the corpus's own hard negatives are kept
+    assert train["relation_id"].tolist() == [data.relations.index(r) for r in train["relation"]]
+    again = prepare_triples(_frame(), cfg, seed=0)
+    assert again.train.equals(train)  # seeded
+
+
+def test_relation_set_and_table_names_are_checked():
+    from data_pipelines.relations import prepare_triples
+
+    with pytest.raises(ValueError, match=r"\{'dup': 30\}.*not in data.relations"):
+        prepare_triples(_frame(), _data_cfg(relations=["entailment"]), seed=0)
+    with pytest.raises(ValueError, match="data.caps names relation.*'paraphrase'"):
+        prepare_triples(_frame(), _data_cfg(caps={"paraphrase": 3}), seed=0)
+    fixed = prepare_triples(_frame(), _data_cfg(relations=["entailment", "dup", "same-sent"]), seed=0)
+    assert fixed.relations == ["entailment", "dup", "same-sent"]  # table order as given, unused names kept
+
+
+def test_triple_records_are_validated(tmp_path):
+    from data_pipelines.formats import parse
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"head": "a man sits", "tail": "a person sits", "relation": "entailment"}\n'
+                    '{"head": "a man sits", "tail": "a person sits", "relation": "entailment", '
+                    '"negative": "a person sits"}\n'
+                    '{"head": "a man sits", "relation": "entailment"}\n'
+                    '{"head": "a man sits", "tail": "...", "relation": "entailment"}\n')
+    rows = list(parse("triples", "jsonl", path))
+    assert rows[0]["error"] is None and rows[0]["negative"] is None
+    assert "equals the tail" in rows[1]["error"] and rows[2]["error"] == "missing field 'tail'"
+    assert "only punctuation" in rows[3]["error"]
