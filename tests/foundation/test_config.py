@@ -139,3 +139,12 @@ def test_every_shipped_config_validates():
             assert len(validate_spec(config, "check", "/tmp/raoe-check")) == math.prod(map(len, config.grid.values()))
         checked += 1
     assert checked >= 10
+
+
+def test_a_typo_inside_a_list_of_sections_names_the_item_and_the_allowed_keys():
+    from jobconfig.schema import RelationalJobConfig
+
+    with pytest.raises(ConfigError, match=r"'data.sources.1.mappin'; did you mean 'data.sources.1.mapping'"):
+        load_config(RelationalJobConfig, None, ["data.sources=[{train: a}, {train: b, mappin: nli}]"])
+    with pytest.raises(ConfigError, match="zero_stage 3 is not supported by the relational job"):
+        load_config(RelationalJobConfig, None, ["trainer.strategy=deepspeed", "trainer.zero_stage=3"])
