@@ -238,11 +238,10 @@ def _relation_table(model, extras: dict, start_folder: str | None, seed: int) ->
 
 def _relation_report(cfg, model_dir, extras: dict, out_dir) -> dict:
     """After training: relation prediction on the held-out triples and the relation-vector cosine plot."""
+    import json
     from pathlib import Path
 
     from encoders.relational import RelationalEncoder, plot_relation_similarity, relation_prediction
-
-    import json
 
     encoder = RelationalEncoder(model_dir)
     plot = plot_relation_similarity(encoder.names, encoder.vectors, Path(out_dir) / "relation_similarity.png")
