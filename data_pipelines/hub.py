@@ -66,7 +66,7 @@ def column_map(kind: str, columns: list[str]) -> dict[str, str]:
     found = {}
     for field, candidates in COLUMNS[kind].items():
         column = next((c for c in candidates if c in columns), None)
-        if column is None and field not in ("similarity", "negative"):  # optional fields
+        if column is None and field not in ("similarity", "negative", "relation"):  # optional fields
             raise ValueError(f"no column for {field!r} (looked for {list(candidates)}); the dataset has {columns}")
         if column is not None:
             found[field] = column

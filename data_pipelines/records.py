@@ -117,10 +117,11 @@ def sts_record(text1: Any, text2: Any, score: Any, *, scale: float = 5.0) -> dic
 
 
 def triple_record(record: dict[str, Any]) -> dict[str, Any]:
-    """{head, tail, relation, negative?} -> a TRIPLES row (RSE): head and tail sentences related by ``relation``
-    (any name); an optional in-relation hard negative that must differ from the tail."""
+    """{head, tail, relation?, negative?} -> a TRIPLES row (RSE): head and tail sentences related by ``relation``
+    (any name; a row without one takes its source's ``relation``); an optional in-relation hard negative that must
+    differ from the tail."""
     head, tail = sentence_text(record.get("head"), "head"), sentence_text(record.get("tail"), "tail")
-    relation = text_field(record, "relation").strip()
+    relation = text_field(record, "relation").strip() if record.get("relation") is not None else None
     negative = record.get("negative")
     if negative is not None:
         negative = sentence_text(negative, "negative")

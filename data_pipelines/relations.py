@@ -54,6 +54,10 @@ def _as_triples(ds, source):
         frame = ds.to_pandas()
         if source.relation:
             frame["relation"] = source.relation
+        missing = int(frame["relation"].isna().sum())
+        if missing:
+            raise ValueError(f"{missing} triples of {source.train} have no 'relation'; give every row one, or name "
+                             f"the relation of the whole source with its 'relation' key")
         return frame[TRIPLE_COLUMNS]
     relation = source.relation or DEFAULT_RELATION[source.mapping]
     if source.mapping == "nli":

@@ -20,8 +20,8 @@ METRIC = "best_stsb_dev_spearman"
 
 
 class SweepSpec(Section):
-    job: Literal["stage1", "stage2", "unsupervised", "posttrain"] = Field("stage1",
-                                                                       description="which training job each trial runs")
+    job: Literal["stage1", "stage2", "unsupervised", "posttrain", "relational"] = Field(
+        "stage1", description="which training job each trial runs")
     base_config: str = Field(..., description="the training config every trial starts from")
     overrides: list[str] = Field(default_factory=list, description="key=value applied to every trial")
     grid: dict[str, list[Any]] = Field(..., description="dotted config key -> values; the sweep is their product")
@@ -32,7 +32,8 @@ class SweepSpec(Section):
     asha_grace_period: int = Field(2, ge=1, description="evaluations before ASHA may stop a trial")
     storage_path: str = Field("raoe_runs", description="Tune results and trial checkpoints (local path, s3://, gs://)")
     name: str | None = Field(None, description="sweep name; rerunning a name resumes it (default: from the spec file)")
-    register_best: bool = Field(True, description="register the best trial's model (raoe-s1 / raoe-s2 / raoe-unsup by job)")
+    register_best: bool = Field(True, description="register the best trial's model (raoe-s1 / -s2 / -unsup / -lists / "
+                                "-rse by job)")
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-sweeps"))
 
     @field_validator("grid")
@@ -44,10 +45,16 @@ class SweepSpec(Section):
 
 
 def job_model(job: str):
-    from jobconfig.schema import PosttrainJobConfig, Stage2JobConfig, TrainJobConfig, UnsupervisedJobConfig
+    from jobconfig.schema import (
+        PosttrainJobConfig,
+        RelationalJobConfig,
+        Stage2JobConfig,
+        TrainJobConfig,
+        UnsupervisedJobConfig,
+    )
 
     return {"stage1": TrainJobConfig, "stage2": Stage2JobConfig, "unsupervised": UnsupervisedJobConfig,
-            "posttrain": PosttrainJobConfig}[job]
+            "posttrain": PosttrainJobConfig, "relational": RelationalJobConfig}[job]
 
 
 def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:

@@ -114,9 +114,9 @@ def test_sentences_ranked_lists_and_triples(tmp_path):
     lists = write(tmp_path / "l.jsonl", '{"sentences": ["seed", "near", "far"]}\n{"sentences": ["only"]}\n')
     out = list(parse("lists", "jsonl", lists))
     assert out[0]["sentences"] == ["seed", "near", "far"] and "at least 2" in out[1]["error"]
-    triples = write(tmp_path / "t.jsonl", '{"text1": "a", "text2": "b", "relation": "entailment"}\n{"text1": "a"}\n')
+    triples = write(tmp_path / "t.jsonl", '{"head": "a", "tail": "b", "relation": "entailment"}\n{"head": "a"}\n')
     out = list(parse("triples", "jsonl", triples))
-    assert out[0]["relation"] == "entailment" and out[1]["error"] == "missing field 'text2'"
+    assert out[0]["relation"] == "entailment" and out[1]["error"] == "missing field 'tail'"
 
 
 def test_real_senteval_snli_and_stsb_files(dev_data):

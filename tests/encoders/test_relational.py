@@ -141,8 +141,10 @@ def test_triple_records_are_validated(tmp_path):
                     '{"head": "a man sits", "tail": "a person sits", "relation": "entailment", '
                     '"negative": "a person sits"}\n'
                     '{"head": "a man sits", "relation": "entailment"}\n'
-                    '{"head": "a man sits", "tail": "...", "relation": "entailment"}\n')
+                    '{"head": "a man sits", "tail": "...", "relation": "entailment"}\n'
+                    '{"head": "a man sits", "tail": "a person sits"}\n')
     rows = list(parse("triples", "jsonl", path))
     assert rows[0]["error"] is None and rows[0]["negative"] is None
     assert "equals the tail" in rows[1]["error"] and rows[2]["error"] == "missing field 'tail'"
     assert "only punctuation" in rows[3]["error"]
+    assert rows[4]["error"] is None and rows[4]["relation"] is None  # takes its source's relation
