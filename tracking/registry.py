@@ -13,8 +13,10 @@ from typing import Any
 
 from encoders.backbone import RAOE_META
 from encoders.relational import RELATIONS_JSON, RELATIONS_WEIGHTS
+from tracking.model_card import CARD
 
-EXTRA_FILES = (RAOE_META, RELATIONS_JSON, RELATIONS_WEIGHTS)  # raoe's files beside the sentence-transformers ones
+# raoe's files beside the sentence-transformers ones (its model card replaces the one the flavor writes)
+EXTRA_FILES = (RAOE_META, RELATIONS_JSON, RELATIONS_WEIGHTS, CARD)
 
 MODEL_ARTIFACT = "model"
 REGISTERED = {"stage1": "raoe-s1", "stage2": "raoe-s2", "unsupervised": "raoe-unsup", "posttrain": "raoe-lists",
@@ -110,9 +112,9 @@ def _restore_extra_files(folder: Path) -> None:
     """The flavor stores raoe's files (metadata with the prompt template, an RSE relation table) among its extra
     files: put them back next to modules.json, where load_encoder and RelationalEncoder read them."""
     for name in EXTRA_FILES:
-        found = list(folder.rglob(name))
+        found = [p for p in folder.rglob(name) if not (p.parent / "modules.json").exists()]  # the extra files copy
         for modules in folder.rglob("modules.json"):
-            if found and not (modules.parent / name).exists():
+            if found and (name == CARD or not (modules.parent / name).exists()):
                 shutil.copy(found[0], modules.parent / name)
 
 

@@ -118,8 +118,10 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
 
     from data_pipelines.readers import load_corpus
     from evaluation.sts import load_task
+    from objectives.registry import CompositeObjective
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
+    from tracking.model_card import model_card, write_model_card
     from tracking.registry import REGISTERED, log_and_register, resolve_model, run_for_name
 
     started = time.time()
@@ -223,18 +225,25 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
                             for k, v in final_metrics.items() if v is not None})
         tags = {"raoe.stage": cfg.stage, "data": cfg.data.train or "", "objective": json.dumps(cfg.objective.weights),
                 "start_model": start_model, DEV_METRIC: best_dev}
-        registry = (log_and_register(out_dir / MODEL_DIR, run_id, registered, tags) if register else
-                    {"model_uri": None, "registered_model": None, "version": None})
-    return {
-        "stage": cfg.stage, "run_id": run_id, "run_name": run_name, "resumed": resumed,
-        "model_path": str(out_dir / MODEL_DIR), **registry, "metrics": final_metrics,
-        "rows_in": report.rows_in, "rows_written": report.rows_written, "rows_quarantined": report.rows_quarantined,
-        "quarantine_path": report.quarantine_path, "plan": plan.as_dict(), "strategy": cfg.trainer.strategy,
-        "num_workers": cfg.trainer.num_workers, "quantization": cfg.model.quantization,
-        "lora": cfg.model.lora.model_dump() if cfg.model.lora else None,
-        "checkpoint_path": result.path, "seconds": time.time() - started,
-        "tracking_uri": tracking_uri(), "experiment": cfg.tracking.experiment, **finished,
-    }
+        payload = {
+            "stage": cfg.stage, "run_id": run_id, "run_name": run_name, "resumed": resumed,
+            "model_path": str(out_dir / MODEL_DIR), "model_uri": None, "registered_model": None, "version": None,
+            "metrics": final_metrics, "start_model": start_model,
+            "rows_in": report.rows_in, "rows_written": report.rows_written,
+            "rows_quarantined": report.rows_quarantined, "quarantine_path": report.quarantine_path,
+            "plan": plan.as_dict(), "strategy": cfg.trainer.strategy, "num_workers": cfg.trainer.num_workers,
+            "quantization": cfg.model.quantization, "lora": cfg.model.lora.model_dump() if cfg.model.lora else None,
+            "checkpoint_path": result.path, "tracking_uri": tracking_uri(), "experiment": cfg.tracking.experiment,
+            **finished,
+        }
+        card = write_model_card(out_dir / MODEL_DIR, model_card(
+            cfg, {**payload, "registered_model": registered if register else None},
+            CompositeObjective(cfg.objective.weights, params).describe(), kind.unit))
+        mlflow.log_artifact(str(card), "model_card")
+        mlflow.set_tag("raoe.model_card", "model_card/README.md")
+        if register:
+            payload.update(log_and_register(out_dir / MODEL_DIR, run_id, registered, tags))
+    return {**payload, "seconds": time.time() - started}
 
 
 def _log_finished(finished: dict[str, Any]) -> None:

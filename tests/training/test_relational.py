@@ -4,6 +4,7 @@ encoder's forward; a x2 error in its gradient would show in its own norm, Adam's
 registered model loads with its relation table, and dev selection used the relation-weighted score."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,3 +82,8 @@ def test_registered_model_scores_with_its_relations_and_dev_used_them(runs, dev_
     assert set(prediction) == {"duplicate_question", "entailment", "same-sent", "all"}
     assert prediction["all"]["triples"] == 24 and 0 < prediction["all"]["mrr"] <= 1
     assert json.loads(json.dumps(one))["relations"] == {"duplicate_question": 40, "entailment": 40, "same-sent": 24}
+    from tracking.registry import resolve_model
+
+    card = (Path(resolve_model(one["model_uri"])) / "README.md").read_text()  # raoe's card, not the flavor's
+    assert "Wang & Li, Relational Sentence Embedding" in card and "| entailment |" in card
+    assert "RelationalEncoder(" in card and "Base model: `tiny:bert`" in card
