@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
 from objectives.registry import PRESETS, SPECS
+from runtime.paths import stable_path
+
+# An output location that outlives the job (runtime/paths.py): made absolute when the config is loaded.
+OutputPath = Annotated[str, AfterValidator(stable_path)]
+RELATIVE = ("a relative path is made absolute against the working directory, or against RAOE_HOME (~/raoe) when "
+            "the job runs in Ray's scratch copy of it (ray job submit --working-dir)")
 
 
 class Section(BaseModel):
@@ -59,7 +65,8 @@ class TrainerConfig(Section):
     max_failures: int = Field(0, ge=-1, description="worker-group restarts from the last checkpoint (-1 = forever)")
     threads_per_worker: int | None = Field(None, ge=1, description="torch threads per worker; null = torch's default")
     keep_checkpoints: int = Field(2, ge=1, description="best checkpoints kept by dev Spearman (the latest is kept too)")
-    storage_path: str = Field("raoe_runs", description="Ray Train storage for checkpoints (local path, s3://, gs://)")
+    storage_path: OutputPath = Field("raoe_runs", validate_default=True, description="Ray Train storage for checkpoints "
+                                     "(local path, s3://, gs://); relative: see output_dir")
 
 
 class DataConfig(Section):
@@ -144,7 +151,8 @@ class TrainJobConfig(Section):
     eval: EvalConfig = Field(default_factory=lambda: EvalConfig(tasks=["STSBenchmark"], stsb_split="dev"),
                              description="STS-B dev selects checkpoints; eval.max_pairs subsamples it")
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-train"))
-    output_dir: str = Field("outputs/models", description="the best model is exported under <output_dir>/<run name>")
+    output_dir: OutputPath = Field("outputs/models", validate_default=True, description="the best model is exported "
+                                   "under <output_dir>/<run name>; " + RELATIVE)
 
 
 class Stage2JobConfig(TrainJobConfig):

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from data_pipelines.teachers import TeacherConfig
 from jobconfig import parse_job_args
-from jobconfig.schema import DataConfig, Section, TrackingConfig
+from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, TrackingConfig
 from runtime.result import run_job
 
 
@@ -22,7 +22,8 @@ class AnnotateInput(DataConfig):
 class AnnotateJobConfig(Section):
     data: AnnotateInput = Field(default_factory=AnnotateInput)
     teachers: list[TeacherConfig] = Field(default_factory=list, description="teacher models (name, source, kind, ...)")
-    output_dir: str = Field("outputs/annotated", description="where the scored set and its plot go")
+    output_dir: OutputPath = Field("outputs/annotated", validate_default=True,
+                                   description="where the scored set and its plot go; " + RELATIVE)
     output_format: str = Field("parquet", pattern="^(parquet|jsonl)$", description="parquet or jsonl")
     batch_rows: int = Field(256, ge=1, description="pairs per map_batches call")
     teacher_pools: Literal["shared", "separate"] = Field(

@@ -17,7 +17,7 @@ from pydantic import Field
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from jobconfig import parse_job_args
-from jobconfig.schema import RelationalEvalConfig, Section, TrackingConfig
+from jobconfig.schema import RELATIVE, OutputPath, RelationalEvalConfig, Section, TrackingConfig
 from runtime.result import run_job
 
 
@@ -34,7 +34,8 @@ class EvaluateJobConfig(Section):
     model: EvaluateModel = Field(default_factory=EvaluateModel)
     eval: EvaluateEvalConfig = Field(default_factory=EvaluateEvalConfig)
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-eval"))
-    output_dir: str = Field("outputs/eval", description="where the STS-B scatter plot goes")
+    output_dir: OutputPath = Field("outputs/eval", validate_default=True,
+                                   description="where the STS-B scatter plot goes; " + RELATIVE)
     actors: int = Field(1, ge=1, description="encoder actors in the Ray Data pool")
     cpus_per_actor: float = Field(1.0, gt=0, description="CPUs each encoder actor reserves")
 

@@ -14,7 +14,7 @@ from pydantic import Field
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from data_pipelines.ranked import LIST_PROMPT
 from jobconfig import parse_job_args
-from jobconfig.schema import DataConfig, Section, TrackingConfig
+from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, TrackingConfig
 from runtime.result import run_job
 
 
@@ -39,7 +39,8 @@ class ListsSection(Section):
 class GenerateListsJobConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig, description="the sentence corpus seeds are drawn from")
     lists: ListsSection = Field(default_factory=ListsSection)
-    output_dir: str = Field("outputs/lists", description="where lists.jsonl, the statistics and the plot go")
+    output_dir: OutputPath = Field("outputs/lists", validate_default=True,
+                                   description="where lists.jsonl, the statistics and the plot go; " + RELATIVE)
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-lists"))
 
 

@@ -15,14 +15,15 @@ from pydantic import Field
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from data_pipelines.san import SanConfig
 from jobconfig import parse_job_args
-from jobconfig.schema import DataConfig, Section, TrackingConfig
+from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, TrackingConfig
 from runtime.result import run_job
 
 
 class GenerateSanJobConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig, description="the sentence corpus (data.train, format, ...)")
     san: SanConfig = Field(default_factory=SanConfig)
-    output_dir: str = Field("outputs/san", description="where the negatives, guarded rows and plot go")
+    output_dir: OutputPath = Field("outputs/san", validate_default=True,
+                                   description="where the negatives, guarded rows and plot go; " + RELATIVE)
     output_format: Literal["parquet", "jsonl"] = Field("parquet", description="parquet or jsonl")
     batch_rows: int = Field(256, ge=1, description="sentences per map_batches call")
     examples: int = Field(20, ge=0, description="anchor/negative examples logged to MLflow")

@@ -1,23 +1,39 @@
-"""MLflow defaults: MLFLOW_TRACKING_URI, or a sqlite store and an artifact folder in the working directory."""
+"""MLflow defaults: MLFLOW_TRACKING_URI, or a sqlite store in the working directory (RAOE_HOME inside Ray's scratch
+copy of it); artifacts in RAOE_MLFLOW_ARTIFACTS, or next to a sqlite store's file. Nothing may point into the
+scratch copy (runtime/paths.py): registered models there are lost with the cluster."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from runtime.paths import base_dir, ray_package_root, stable_path
+
+SQLITE = "sqlite:///"
+
 
 def tracking_uri() -> str:
-    """The tracking URI in force; also exported so Ray workers (runtime_env) use the same store."""
+    """The tracking URI in force (a relative sqlite file made absolute); also exported so Ray workers
+    (runtime_env) use the same store."""
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
-        uri = f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
-        os.environ["MLFLOW_TRACKING_URI"] = uri
+        uri = f"{SQLITE}{base_dir() / 'mlflow.db'}"
+    elif uri.startswith(SQLITE):  # sqlite:///x.db is relative to the cwd, sqlite:////abs/x.db absolute
+        uri = SQLITE + stable_path(uri[len(SQLITE):] or "mlflow.db")
+    os.environ["MLFLOW_TRACKING_URI"] = uri
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     return uri
 
 
 def artifact_root() -> Path:
-    return Path(os.environ.get("RAOE_MLFLOW_ARTIFACTS", Path.cwd() / "mlartifacts")).resolve()
+    """RAOE_MLFLOW_ARTIFACTS, else ``mlartifacts`` beside a sqlite store's file, else under ``base_dir()``."""
+    configured = os.environ.get("RAOE_MLFLOW_ARTIFACTS")
+    if configured:
+        return Path(stable_path(configured))
+    uri = tracking_uri()
+    if uri.startswith(SQLITE):
+        return Path(uri[len(SQLITE):]).parent / "mlartifacts"
+    return base_dir() / "mlartifacts"
 
 
 def ensure_experiment(name: str) -> str:
@@ -27,6 +43,11 @@ def ensure_experiment(name: str) -> str:
     mlflow.set_tracking_uri(tracking_uri())
     existing = mlflow.get_experiment_by_name(name)
     if existing is not None:
+        location = existing.artifact_location.removeprefix("file://")
+        if ray_package_root(location) is not None:
+            raise ValueError(f"MLflow experiment {name!r} keeps its artifacts in Ray's scratch copy of a job's working "
+                             f"dir ({existing.artifact_location}), which is deleted with the cluster: choose another "
+                             f"tracking.experiment (new experiments put artifacts next to the store)")
         return existing.experiment_id
     location = None
     if tracking_uri().startswith("sqlite:"):

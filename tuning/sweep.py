@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from jobconfig.schema import Section, TrackingConfig
+from jobconfig.schema import RELATIVE, OutputPath, Section, TrackingConfig
 
 METRIC = "best_stsb_dev_spearman"
 
@@ -30,7 +30,8 @@ class SweepSpec(Section):
     gpus_per_trial: float = Field(0.0, ge=0, description="GPUs of each trial's driver (0: the workers hold the GPUs)")
     asha: bool = Field(False, description="stop weak trials early (ASHA on dev Spearman per evaluation)")
     asha_grace_period: int = Field(2, ge=1, description="evaluations before ASHA may stop a trial")
-    storage_path: str = Field("raoe_runs", description="Tune results and trial checkpoints (local path, s3://, gs://)")
+    storage_path: OutputPath = Field("raoe_runs", validate_default=True, description="Tune results and trial "
+                                     "checkpoints (local path, s3://, gs://); " + RELATIVE)
     name: str | None = Field(None, description="sweep name; rerunning a name resumes it (default: from the spec file)")
     register_best: bool = Field(True, description="register the best trial's model (raoe-s1 / -s2 / -unsup / -lists / "
                                 "-rse by job)")

@@ -49,3 +49,33 @@ def test_submission_is_repeated_only_while_the_job_agent_is_not_up(tmp_path, mon
     _fake_ray(tmp_path, f'echo x >> {counter}\necho "{AGENT_NOT_READY}"; exit 1\n')
     list(head.submit(["python", "job.py"], {}, cwd=tmp_path, attempts=3))
     assert head.returncode == 1 and len(counter.read_text().splitlines()) == 3
+
+
+def test_a_submitted_job_registers_a_model_that_outlives_the_cluster(tmp_path, monkeypatch):
+    """As the README's first commands run it: `ray job submit --working-dir .` with only an absolute sqlite store
+    set. The job runs in Ray's scratch copy of the repository; its outputs, checkpoints and the registered model's
+    artifacts must land outside it (RAOE_HOME), so the model still loads after `ray stop`."""
+    import json
+    from pathlib import Path
+
+    import mlflow
+
+    if ray.is_initialized():
+        ray.shutdown()
+    root = Path(__file__).resolve().parents[2]
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {"MLFLOW_TRACKING_URI": store, "RAOE_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+    with LocalHead(head_env()) as head:
+        lines = list(head.submit(["python", "ray_jobs/stage1.py", "--config", "configs/tiny/stage1.yaml",
+                                  "--set", "trainer.max_steps=2", "--set", "trainer.eval_every=2",
+                                  "--set", "tracking.experiment=raoe-submitted"], {"env_vars": env}, cwd=root))
+    assert head.returncode == 0, "".join(lines[-30:])
+    result = json.loads(next(line for line in reversed(lines) if line.startswith('{"job"')))
+    home = tmp_path / "home"
+    assert result["model_path"].startswith(str(home)) and result["checkpoint_path"].startswith(str(home))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    experiment = mlflow.MlflowClient(store).get_experiment_by_name("raoe-submitted")
+    assert "_ray_pkg_" not in experiment.artifact_location
+    assert experiment.artifact_location.startswith((tmp_path / "mlartifacts").as_uri())  # beside the store
+    model = mlflow.sentence_transformers.load_model(result["model_uri"])  # the cluster and its copy are gone
+    assert model.encode(["a man plays music."]).shape[0] == 1
