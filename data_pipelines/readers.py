@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from data_pipelines.formats import FIELDS, detect_format, parse
+from data_pipelines.formats import FIELDS, PARSERS, detect_format, parse
 
 MAX_LISTED = 20
 
@@ -33,16 +33,33 @@ class DataReport:
         return asdict(self)
 
 
+# Formats by the file names they read; a file whose suffix belongs to another group is refused before any work.
+SUFFIX_FORMATS = {(".parquet",): ("parquet",), (".csv", ".tsv"): ("csv", "stsb_csv", "senteval_sts"),
+                  (".jsonl", ".json", ".ndjson"): ("jsonl", "pairs_jsonl", "snli_jsonl")}
+
+
 def corpus_files(path: str | Path, kind: str, fmt: str) -> tuple[list[Path], str]:
-    """The files (or SentEval folder) behind ``path`` and the format that reads them."""
+    """The files (or SentEval folder) behind ``path`` and the format that reads them; a format that cannot read
+    them (data.format senteval_nli on a file, parquet on a .jsonl, ...) is an error naming both."""
     root = Path(path).expanduser()
     if not root.exists():
         raise FileNotFoundError(f"data path {str(root)!r} does not exist")
     if root.is_dir() and fmt in ("auto", "senteval_nli") and any(root.glob("s1.*")):
         return [root], "senteval_nli"
+    if fmt != "auto" and fmt not in PARSERS[kind]:
+        raise ValueError(f"data.format {fmt!r} does not hold {kind}; use auto or one of {sorted(PARSERS[kind])}")
+    if fmt == "senteval_nli":
+        raise ValueError(f"data.format senteval_nli reads a SentEval NLI folder (s1.<split>, s2.<split>, "
+                         f"labels.<split>); {str(root)!r} is not one: set data.format to auto or to the file's format")
     files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")) if root.is_dir() else [root]
     if not files:
         raise FileNotFoundError(f"no files under {root}")
+    if fmt != "auto":
+        for suffixes, formats in SUFFIX_FORMATS.items():
+            clash = next((f for f in files if f.suffix.lower() in suffixes), None)
+            if clash is not None and fmt not in formats and any(fmt in group for group in SUFFIX_FORMATS.values()):
+                raise ValueError(f"data.format {fmt!r} cannot read {clash.name}: {', '.join(suffixes)} files are "
+                                 f"read by {', '.join(formats)} (or data.format auto)")
     return files, detect_format(kind, files[0]) if fmt == "auto" else fmt
 
 

@@ -41,6 +41,12 @@ def sources(data_cfg) -> list:
     every = first + list(data_cfg.sources)
     if not every:
         raise ValueError("data.train (or data.sources) must name the relation triples")
+    from data_pipelines.hub import is_hub_source
+    from data_pipelines.readers import corpus_files
+
+    for source in every:  # every path and format checked before any source is read
+        if not is_hub_source(source.train):
+            corpus_files(source.train, CORPUS[source.mapping], source.format)
     return every
 
 

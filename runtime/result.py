@@ -33,6 +33,34 @@ def emit_result(payload: dict[str, Any]) -> None:
     print(json.dumps(_clean(payload), sort_keys=False), flush=True)
 
 
+def root_cause(exc: BaseException) -> BaseException:
+    """The user's own exception inside Ray's wrappers: a task error's ``cause``, a Ray Train worker group's first
+    worker failure, and any ``ray.*`` exception's ``__cause__`` (Ray Data's UserCodeException)."""
+    seen: set[int] = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        cause = getattr(exc, "cause", None)
+        failures = getattr(exc, "worker_failures", None)
+        if isinstance(cause, BaseException):
+            exc = cause
+        elif isinstance(failures, dict) and failures:
+            exc = next(iter(failures.values()))
+        elif type(exc).__module__.startswith("ray.") and exc.__cause__ is not None:
+            exc = exc.__cause__
+        else:
+            break
+    return exc
+
+
+def error_message(exc: BaseException) -> str:
+    """``Type: message`` of the root cause, without the tracebacks Ray folds into its wrappers' messages."""
+    root = root_cause(exc)
+    text = str(root)
+    if "Traceback (most recent call last)" in text:  # a wrapper that could not be unwrapped: keep its last line
+        text = [line for line in text.strip().splitlines() if line.strip()][-1]
+    return f"{type(root).__name__}: {text}"
+
+
 def run_job(main: Callable[[], dict[str, Any]], job: str) -> None:
     """Run a job's main; its result (or its error) becomes the JSON line. Errors exit with status 1."""
     try:
@@ -44,6 +72,6 @@ def run_job(main: Callable[[], dict[str, Any]], job: str) -> None:
         raise SystemExit(130) from None
     except Exception as exc:  # noqa: BLE001 - every failure still ends with the JSON line
         traceback.print_exc()
-        emit_result({"job": job, "status": "error", "error": f"{type(exc).__name__}: {exc}"})
+        emit_result({"job": job, "status": "error", "error": error_message(exc)})
         raise SystemExit(1) from None
     emit_result({"job": job, "status": "ok", **payload})

@@ -116,7 +116,8 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from data_pipelines.readers import load_corpus
+    from data_pipelines.hub import is_hub_source
+    from data_pipelines.readers import corpus_files, load_corpus
     from evaluation.sts import load_task
     from objectives.registry import CompositeObjective
     from runtime.local_ray import ray_session
@@ -131,6 +132,8 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
         raise ValueError("data.train must name the training data (a file or folder)")
     start_model = cfg.model.init_from or cfg.model.source
     resolve_model(start_model)  # fails here, before any Ray resource, if it cannot be found
+    if kind.load is None and not is_hub_source(cfg.data.train):  # a missing path or a format that cannot read it
+        corpus_files(cfg.data.train, kind.corpus, cfg.data.format)
     dev_available = load_task(cfg.eval.data_dir, "STSBenchmark", "dev") is not None
     if not dev_available:
         print(f"[raoe] no STS-B dev under eval.data_dir={cfg.eval.data_dir!r}: keeping the last checkpoint", flush=True)

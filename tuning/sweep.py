@@ -114,7 +114,9 @@ def _tracking_env() -> dict[str, str]:
 
 
 def sweep_table(results, points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per trial: its grid values, best dev Spearman, steps, MLflow run."""
+    """One row per trial: its grid values, best dev Spearman, steps, MLflow run, and its error (the root cause)."""
+    from runtime.result import error_message
+
     rows = []
     for r in results:
         if r.config is None:
@@ -122,7 +124,7 @@ def sweep_table(results, points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         last = r.metrics or {}
         rows.append({**r.config["point"], METRIC: last.get(METRIC), "steps": last.get("steps"),
                      "train_loss": last.get("train_loss"), "run_id": last.get("run_id"),
-                     "model_path": last.get("model_path"), "error": str(r.error) if r.error else None})
+                     "model_path": last.get("model_path"), "error": error_message(r.error) if r.error else None})
     return rows
 
 

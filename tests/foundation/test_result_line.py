@@ -36,3 +36,36 @@ def test_a_bad_config_is_rejected_before_ray_starts(tmp_path):
     assert proc.returncode == 2
     assert "eval.batch_size: Input should be greater than or equal to 1" in proc.stderr
     assert "Started a local Ray" not in proc.stderr + proc.stdout
+
+
+def test_an_error_inside_a_ray_data_task_reaches_the_json_line_as_the_users_own(tmp_path):
+    """Ray wraps a failing task's exception (RayTaskError(UserCodeException) with two tracebacks in its message);
+    the JSON line carries the original type and message only."""
+    import ray
+
+    from runtime.result import error_message, root_cause
+    from tests.conftest import own_ray
+
+    def fail(row):
+        raise ValueError(f"row {row['id']} has no 'text'")
+
+    with own_ray(num_cpus=2):
+        with pytest.raises(Exception) as caught:
+            ray.data.range(3, override_num_blocks=1).map(fail).take_all()
+    assert "Traceback" in str(caught.value)  # what the user saw before
+    assert isinstance(root_cause(caught.value), ValueError)
+    assert error_message(caught.value) == "ValueError: row 0 has no 'text'"
+
+
+def test_a_format_that_cannot_read_the_path_is_refused_before_any_task(tmp_path):
+    from data_pipelines.readers import corpus_files
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text('{"text1": "a", "text2": "b", "label": "entailment"}\n')
+    with pytest.raises(ValueError, match="senteval_nli reads a SentEval NLI folder.*pairs.jsonl' is not one"):
+        corpus_files(data, "pairs", "senteval_nli")
+    with pytest.raises(ValueError, match="'parquet' cannot read pairs.jsonl: .jsonl, .json, .ndjson files are read by"):
+        corpus_files(data, "pairs", "parquet")
+    with pytest.raises(ValueError, match="'txt' does not hold pairs"):
+        corpus_files(data, "pairs", "txt")
+    assert corpus_files(data, "pairs", "pairs_jsonl") == ([data], "pairs_jsonl")
