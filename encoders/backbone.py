@@ -18,14 +18,14 @@ POOLING_MODES = {"mean": "mean", "cls": "cls", "last_token": "lasttoken"}
 RAOE_META = "raoe_encoder.json"
 
 
-def dropout_overrides(model_path: str, dropout: float | None) -> dict[str, float]:
+def dropout_overrides(model_path: str, dropout: float | None, trust_remote_code: bool = False) -> dict[str, float]:
     """Every float ``*dropout*`` field of the backbone's config set to ``dropout`` (architectures name them
     differently: BERT hidden/attention_probs, ModernBERT embedding/mlp/attention, Qwen attention)."""
     if dropout is None:
         return {}
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model_path)
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     return {k: dropout for k, v in config.to_dict().items() if "dropout" in k and isinstance(v, float)}
 
 
@@ -72,12 +72,13 @@ def adapters_in_fp32(module: torch.nn.Module) -> None:
 def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 64, dropout: float | None = None,
                   prompt: str | None = None, device: str = "cpu", quantization: str = "none",
                   lora: dict[str, Any] | None = None, padding_side: str | None = None,
-                  gradient_checkpointing: bool = False):
+                  gradient_checkpointing: bool = False, trust_remote_code: bool = False):
     """A SentenceTransformer [Transformer, Pooling] over the backbone at ``model_path`` (an HF folder, an exported
     raoe/sentence-transformers folder whose weights sit at its root, or a saved LoRA adapter folder).
 
     QLoRA: ``quantization`` loads the base frozen in 4-bit NF4 (or 8-bit), ``lora`` adds trainable adapters; only
-    the adapters have gradients, and saving the model saves only them."""
+    the adapters have gradients, and saving the model saves only them. Code shipped with a hub model runs only with
+    ``trust_remote_code`` (model.trust_remote_code), never by default."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
@@ -86,13 +87,14 @@ def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 6
     prefix = prompt_prefix(prompt)
     adapter = adapter_base(model_path)
     base = adapter or model_path
-    model_kwargs = {}
+    remote = {"trust_remote_code": True} if trust_remote_code else {}
+    model_kwargs = dict(remote)
     quant = quantization_config(quantization)
     if quant is not None:
         model_kwargs["quantization_config"] = quant
     transformer = Transformer(base, max_seq_length=max_length, model_kwargs=model_kwargs or None,
-                              config_kwargs=dropout_overrides(base, dropout) or None,
-                              tokenizer_name_or_path=model_path if adapter else None)
+                              config_kwargs={**dropout_overrides(base, dropout, trust_remote_code), **remote} or None,
+                              processor_kwargs=remote or None, tokenizer_name_or_path=model_path if adapter else None)
     tokenizer = transformer.tokenizer
     if tokenizer.pad_token is None:  # causal LMs ship without one
         tokenizer.pad_token = tokenizer.eos_token
@@ -132,6 +134,7 @@ def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 6
     model.raoe_prompt = prompt
     model.raoe_quantization = quantization if quant is not None else "none"
     model.raoe_padding_side = tokenizer.padding_side
+    model.raoe_trust_remote_code = trust_remote_code
     return model
 
 
@@ -177,7 +180,8 @@ def export_encoder(model, path: str | Path, meta: dict[str, Any] | None = None) 
     path.mkdir(parents=True, exist_ok=True)
     model.save(str(path), create_model_card=False)
     info = {"prompt": getattr(model, "raoe_prompt", None), "quantization": getattr(model, "raoe_quantization", "none"),
-            "padding_side": getattr(model, "raoe_padding_side", None), **(meta or {})}
+            "padding_side": getattr(model, "raoe_padding_side", None),
+            "trust_remote_code": bool(getattr(model, "raoe_trust_remote_code", False)), **(meta or {})}
     (path / RAOE_META).write_text(json.dumps(info, indent=2, default=str))
     if getattr(model, "relation_names", None) is not None:  # an RSE model: its relation table next to the encoder
         from encoders.relational import save_relation_table
@@ -195,7 +199,8 @@ def load_encoder(path: str | Path, device: str = "cpu"):
     meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
     quant = quantization_config(meta.get("quantization", "none"))
     model = SentenceTransformer(str(path), device=device if quant is None else None,
-                                model_kwargs={"quantization_config": quant} if quant is not None else None)
+                                model_kwargs={"quantization_config": quant} if quant is not None else None,
+                                trust_remote_code=bool(meta.get("trust_remote_code")))  # as its training run chose
     adapter_file = Path(path) / "adapter_model.safetensors"
     if quant is not None and adapter_file.exists():  # peft loaded the saved fp32 adapter into bf16: load it again
         from peft import set_peft_model_state_dict

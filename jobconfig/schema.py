@@ -39,6 +39,8 @@ class ModelConfig(Section):
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less memory)")
     negative_dropout: float | None = Field(None, ge=0.0, le=1.0, description="dropout of the aligned negatives' "
                                            "forward pass (SAN's p2, unsupervised job); null = model.dropout")
+    trust_remote_code: bool = Field(False, description="run Python code shipped with a hub model (its own "
+                                    "architecture); off unless set, then recorded in the export for loading")
 
 
 class TrainerConfig(Section):

@@ -112,7 +112,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                               dropout=model_cfg["dropout"], prompt=model_cfg["prompt"], device=str(device),
                               quantization=model_cfg["quantization"], lora=model_cfg["lora"],
                               padding_side=model_cfg["padding_side"],
-                              gradient_checkpointing=model_cfg["gradient_checkpointing"])
+                              gradient_checkpointing=model_cfg["gradient_checkpointing"],
+                              trust_remote_code=model_cfg.get("trust_remote_code", False))
         kind = KINDS[config["kind"]]
         if kind.setup_model is not None:  # e.g. RSE's relation table: trainable state beside the encoder
             kind.setup_model(model, config.get("extras", {}), model_path, trainer_cfg["seed"])

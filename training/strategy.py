@@ -119,7 +119,8 @@ class TorchStrategy:
         return True
 
     def load(self, folder: Path) -> dict[str, Any]:
-        saved = torch.load(folder / TRAINER_STATE, map_location=self.device, weights_only=False)
+        # weights_only: tensors and plain containers only, never arbitrary pickled objects from the storage path
+        saved = torch.load(folder / TRAINER_STATE, map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(saved.pop("optimizer"))
         self.scheduler.load_state_dict(saved.pop("scheduler"))
         return saved
