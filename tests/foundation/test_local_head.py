@@ -64,7 +64,9 @@ def test_a_submitted_job_registers_a_model_that_outlives_the_cluster(tmp_path, m
         ray.shutdown()
     root = Path(__file__).resolve().parents[2]
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {"MLFLOW_TRACKING_URI": store, "RAOE_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+    secrets = {"HF_TOKEN": "hf_SENTINELa1b2c3", "AWS_SECRET_ACCESS_KEY": "SENTINELaws4d5e6",
+               "MLFLOW_TRACKING_PASSWORD": "SENTINELpw7f8g9"}
+    env = {"MLFLOW_TRACKING_URI": store, "RAOE_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1", **secrets}
     with LocalHead(head_env()) as head:
         lines = list(head.submit(["python", "ray_jobs/stage1.py", "--config", "configs/tiny/stage1.yaml",
                                   "--set", "trainer.max_steps=2", "--set", "trainer.eval_every=2",
@@ -79,3 +81,9 @@ def test_a_submitted_job_registers_a_model_that_outlives_the_cluster(tmp_path, m
     assert experiment.artifact_location.startswith((tmp_path / "mlartifacts").as_uri())  # beside the store
     model = mlflow.sentence_transformers.load_model(result["model_uri"])  # the cluster and its copy are gone
     assert model.encode(["a man plays music."]).shape[0] == 1
+    # no secret the job could see reached its output, the MLflow store, its artifacts, checkpoints or exports
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "mlflow.db" for p in written) and any("checkpoint" in str(p) for p in written)
+    for value in secrets.values():
+        assert not any(value in line for line in lines), value
+        assert not [str(p) for p in written if value.encode() in p.read_bytes()], value
