@@ -24,11 +24,12 @@ KINDS = ("pairs", "sts", "sentences", "lists", "triples")
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str | None, str | None]]:
-    """(line number, text, decode error) for every non-blank line; bad UTF-8 is reported, not skipped."""
+    """(line number, text, decode error) for every non-blank line; bad UTF-8 is reported, not skipped; a UTF-8 byte
+    order mark and CRLF line ends are accepted."""
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
-                text = raw.decode("utf-8")
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as exc:
                 yield number, None, f"invalid UTF-8 ({exc.reason} at byte {exc.start})"
                 continue
@@ -97,27 +98,44 @@ def _senteval_nli(folder: Path, split: str) -> Iterator[Row]:
                      str(files[0]), number, raw)
 
 
+def _csv_rows(path: Path) -> Iterator[tuple[int, list[str] | None, str, str | None]]:
+    """(line number, fields, raw text, error) per non-blank line: one record per line (no quoted newlines), so a
+    line of bad UTF-8 is one bad record instead of a failed file."""
+    for number, text, error in _lines(path):
+        if error:
+            yield number, None, "", error
+        else:
+            yield number, next(csv.reader([text])), text, None
+
+
 def _csv_pairs(path: Path) -> Iterator[Row]:
-    with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
-        for row in reader:
-            number = reader.line_num
-            record = {"text1": row.get("text1", row.get("sentence1")), "text2": row.get("text2", row.get("sentence2")),
-                      "label": row.get("label", row.get("gold_label")), "similarity": row.get("similarity") or None}
-            yield _guard(lambda r=record: pair_record(r), str(path), number, json.dumps(row))
+    """CSV with a header naming text1/sentence1, text2/sentence2, label/gold_label, similarity (other columns
+    are ignored)."""
+    header = None
+    for number, fields, raw, error in _csv_rows(path):
+        if error:
+            yield _bad(path, number, error, raw)
+            continue
+        if header is None:
+            header = fields
+            continue
+        row = dict(zip(header, fields))
+        record = {"text1": row.get("text1", row.get("sentence1")), "text2": row.get("text2", row.get("sentence2")),
+                  "label": row.get("label", row.get("gold_label")), "similarity": row.get("similarity") or None}
+        yield _guard(lambda r=record: pair_record(r), str(path), number, raw)
 
 
 def _stsb_csv(path: Path) -> Iterator[Row]:
     """STS-B CSV without header: sentence1,sentence2,score (0-5, quoted fields)."""
-    with open(path, encoding="utf-8", newline="") as f:
-        for number, row in enumerate(csv.reader(f), start=1):
-            if not row:
-                continue
-            raw = json.dumps(row)
-            if len(row) != 3:
-                yield _bad(path, number, f"expected 3 fields, got {len(row)}", raw)
-                continue
-            yield _guard(lambda r=row: sts_record(r[0], r[1], r[2]), str(path), number, raw)
+    for number, row, text, error in _csv_rows(path):
+        if error:
+            yield _bad(path, number, error, text)
+            continue
+        raw = json.dumps(row)
+        if len(row) != 3:
+            yield _bad(path, number, f"expected 3 fields, got {len(row)}", raw)
+            continue
+        yield _guard(lambda r=row: sts_record(r[0], r[1], r[2]), str(path), number, raw)
 
 
 def _senteval_sts(path: Path) -> Iterator[Row]:
