@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import traceback
 from typing import Any, Callable
@@ -52,13 +53,23 @@ def root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+CAUSE_MARKER = "The above exception was the direct cause of the following exception"
+
+
 def error_message(exc: BaseException) -> str:
-    """``Type: message`` of the root cause, without the tracebacks Ray folds into its wrappers' messages."""
+    """``Type: message`` of the root cause, without the tracebacks Ray folds into its wrappers' messages. Ray Data
+    does not ship the user's exception object back (only its formatted traceback inside UserCodeException's
+    message): then the first exception line of that traceback is the message."""
     root = root_cause(exc)
-    text = str(root)
-    if "Traceback (most recent call last)" in text:  # a wrapper that could not be unwrapped: keep its last line
-        text = [line for line in text.strip().splitlines() if line.strip()][-1]
-    return f"{type(root).__name__}: {text}"
+    if type(root).__module__.startswith("ray."):
+        text = str(exc)
+        if CAUSE_MARKER in text:
+            lines = text.split(CAUSE_MARKER)[0].rstrip().splitlines()
+            start = max((i for i, line in enumerate(lines) if re.match(r"^[A-Za-z_][\w.]*(Error|Exception)\b", line)),
+                        default=None)
+            if start is not None:
+                return "\n".join(lines[start:]).strip()
+    return f"{type(root).__name__}: {root}"
 
 
 def run_job(main: Callable[[], dict[str, Any]], job: str) -> None:
