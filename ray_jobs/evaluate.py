@@ -85,6 +85,7 @@ def main(cfg: EvaluateJobConfig) -> dict:
         plot = plot_cosine_vs_gold(*predictions["STSBenchmark"], Path(cfg.output_dir) / f"{safe}-stsb.png",
                                    f"STS-B {cfg.eval.stsb_split}")
     run_id = _model_run(cfg.model.source) if is_model_uri(cfg.model.source) else None
+    _remember_for_promotion(cfg, metrics if not relational else None)
     prefix = f"sts_{cfg.eval.stsb_split}"
     with mlflow.start_run(run_id=run_id, experiment_id=None if run_id else experiment_id,
                           run_name=None if run_id else cfg.tracking.run_name) as run:
@@ -105,6 +106,20 @@ def main(cfg: EvaluateJobConfig) -> dict:
             "absent": [k for k, v in metrics.items() if v is None], "run_id": run.info.run_id,
             "logged_on_model_run": run_id is not None, "plot": str(plot) if plot else None,
             "tracking_uri": tracking_uri(), **relational}
+
+
+def _remember_for_promotion(cfg, metrics: dict | None) -> None:
+    """A registered version's plain suite results, remembered so that promotion on the same data reuses them."""
+    from mlflow import MlflowClient
+
+    from tracking.promotion import evaluation_key, remember_scores
+    from tracking.registry import resolve_alias
+
+    uri = resolve_alias(cfg.model.source)
+    if metrics is None or not uri.startswith("models:/"):
+        return
+    name, version = uri.removeprefix("models:/").split("/", 1)
+    remember_scores(MlflowClient(), name, version, evaluation_key(cfg.eval), metrics)
 
 
 def _relation_scorer(model_path: str, eval_cfg):

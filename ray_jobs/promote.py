@@ -1,7 +1,9 @@
 """Promote a registered model version to the alias `champion` only if the STS suite says it is better: its
 average beats the current champion's by at least `margin` and no task in `guard_tasks` drops by more than
-`tolerance`. Otherwise it becomes `challenger`. The first version becomes champion; a version that does not
-load is never promoted. The decision, with both score tables, is the JSON line and a tag on the version.
+`tolerance`. Otherwise it becomes `challenger`. The first version becomes champion (loaded and probed, no suite
+run); a version that does not load is never promoted. Suite results are remembered per version and evaluation
+data, so a version evaluated before (by a promotion or ray_jobs/evaluate.py) is not encoded again. The decision,
+with both score tables, is the JSON line and a tag on the version.
 
   python ray_jobs/promote.py --config configs/promote/sts.yaml --set registered_model=raoe-s2 [--set version=3]
 """
@@ -29,16 +31,18 @@ def main(cfg: PromoteJobConfig) -> dict:
     from evaluation.encode import score_with_ray
     from runtime.local_ray import ray_session
     from runtime.tracking_store import tracking_uri
-    from tracking.promotion import promote
+    from tracking.promotion import evaluation_key, promote
 
     tracking_uri()
     with ray_session():
         result = promote(
             cfg.registered_model, cfg.version,
             lambda path: score_with_ray(path, cfg.eval, actors=cfg.actors, cpus_per_actor=cfg.cpus_per_actor),
-            margin=cfg.margin, guard_tasks=cfg.guard_tasks, tolerance=cfg.tolerance,
+            margin=cfg.margin, guard_tasks=cfg.guard_tasks, tolerance=cfg.tolerance, eval_key=evaluation_key(cfg.eval),
         )
     verdict = "PROMOTED to champion" if result["promote"] else "kept as challenger (champion unchanged)"
+    if result["reused"]:
+        print(f"reused the suite results remembered for version(s) {result['reused']} (same evaluation data)")
     print(f"{cfg.registered_model} v{result['candidate_version']}: {verdict}: {result['reason']}")
     return result
 

@@ -1,14 +1,49 @@
 """Promotion: move the registry alias ``champion`` to a candidate version only when the STS suite says it is
 better: its average beats the champion's by at least ``margin`` and no guarded task drops by more than
-``tolerance``. Otherwise the candidate gets ``challenger``. A version that does not load is never promoted."""
+``tolerance``. Otherwise the candidate gets ``challenger``. A version that does not load is never promoted.
+
+Suite results are remembered on each version (tags ``sts_results`` and ``sts_results.key``, the key naming the
+evaluation data and settings), so a version already evaluated on the same data is not encoded again; with no
+champion yet the first loadable version is promoted without running the suite at all."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 CHAMPION, CHALLENGER = "champion", "challenger"
+RESULTS_TAG, KEY_TAG = "sts_results", "sts_results.key"
+
+
+def evaluation_key(eval_cfg) -> str:
+    """What makes two suite results comparable: the data (resolved), tasks, STS-B split and pair cap."""
+    spec = {"data_dir": str(Path(eval_cfg.data_dir).resolve()), "tasks": list(eval_cfg.tasks),
+            "stsb_split": eval_cfg.stsb_split, "max_pairs": eval_cfg.max_pairs}
+    return hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def remembered_scores(client, name: str, version, key: str | None) -> dict[str, float | None] | None:
+    """A version's suite results logged earlier under the same evaluation key, or None."""
+    if key is None:
+        return None
+    tags = client.get_model_version(name, str(version)).tags
+    return json.loads(tags[RESULTS_TAG]) if tags.get(KEY_TAG) == key and RESULTS_TAG in tags else None
+
+
+def remember_scores(client, name: str, version, key: str | None, scores: dict[str, float | None]) -> None:
+    client.set_model_version_tag(name, str(version), RESULTS_TAG, json.dumps(scores))
+    if key is not None:
+        client.set_model_version_tag(name, str(version), KEY_TAG, key)
+
+
+def load_probe(path: str) -> None:
+    """The cheapest proof a version works: it loads as training exported it and encodes a sentence."""
+    from encoders.backbone import encode_texts, load_encoder
+
+    encode_texts(load_encoder(path), ["a man plays music."])
 
 
 @dataclass
@@ -43,8 +78,10 @@ def decide(candidate: dict[str, float | None], champion: dict[str, float | None]
 
 
 def promote(registered_model: str, candidate_version: int | None, evaluate: Callable[[str], dict[str, float | None]],
-            *, margin: float = 0.0, guard_tasks: list[str] | tuple[str, ...] = (), tolerance: float = 0.0) -> dict:
-    """Evaluate candidate and champion with ``evaluate(local_model_path)``, decide, move the alias, record it."""
+            *, margin: float = 0.0, guard_tasks: list[str] | tuple[str, ...] = (), tolerance: float = 0.0,
+            eval_key: str | None = None, probe: Callable[[str], None] = load_probe) -> dict:
+    """Evaluate candidate and champion with ``evaluate(local_model_path)`` (or reuse results remembered under
+    ``eval_key``), decide, move the alias, record it. Without a champion only ``probe`` runs."""
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
@@ -62,19 +99,36 @@ def promote(registered_model: str, candidate_version: int | None, evaluate: Call
     except MlflowException:
         champion_version = None
     out: dict[str, Any] = {"registered_model": registered_model, "candidate_version": int(candidate_version),
-                           "champion_version_before": champion_version}
-    try:
-        candidate_scores = evaluate(download_model(candidate_uri))  # loads and encodes before any alias moves
+                           "champion_version_before": champion_version, "evaluated": [], "reused": []}
+
+    def scores_of(version) -> dict[str, float | None]:
+        known = remembered_scores(client, registered_model, version, eval_key)
+        if known is not None:
+            out["reused"].append(int(version))
+            return known
+        scores = evaluate(download_model(f"models:/{registered_model}/{version}"))
+        out["evaluated"].append(int(version))
+        remember_scores(client, registered_model, version, eval_key, scores)
+        return scores
+
+    try:  # loads and encodes before any alias moves
+        if champion_version is None:
+            probe(download_model(candidate_uri))
+            candidate_scores = remembered_scores(client, registered_model, candidate_version, eval_key) or {}
+        else:
+            candidate_scores = scores_of(candidate_version)
     except Exception as exc:  # noqa: BLE001 - any failure to load or encode means: not promotable
         decision = Decision(False, f"candidate does not load or encode: {type(exc).__name__}: {exc}", {})
         _record(client, registered_model, candidate_version, decision)
         return {**out, **decision.as_dict(), "champion_version_after": champion_version}
     champion_scores = None
     if champion_version is not None and champion_version != int(candidate_version):
-        champion_scores = evaluate(download_model(f"models:/{registered_model}/{champion_version}"))
+        champion_scores = scores_of(champion_version)
     elif champion_version == int(candidate_version):
         champion_scores = candidate_scores
     decision = decide(candidate_scores, champion_scores, margin=margin, guard_tasks=guard_tasks, tolerance=tolerance)
+    if champion_version is None:
+        decision.reason += " (loaded and encoded; nothing to compare with, so the suite was not run)"
     if champion_version == int(candidate_version):
         decision = Decision(False, "candidate already is the champion", candidate_scores, champion_scores, {})
     alias = CHAMPION if decision.promote else CHALLENGER
@@ -89,8 +143,6 @@ def _record(client, name: str, version, decision: Decision, champion_version: in
     client.set_model_version_tag(name, str(version), "promotion.decision", "promoted" if decision.promote else "kept")
     client.set_model_version_tag(name, str(version), "promotion.reason", decision.reason[:5000])
     client.set_model_version_tag(name, str(version), "promotion.vs_version", str(champion_version))
-    if decision.candidate:
-        client.set_model_version_tag(name, str(version), "sts_results", json.dumps(decision.candidate))
     run_id = client.get_model_version(name, str(version)).run_id
     if run_id:
         client.log_text(run_id, json.dumps(decision.as_dict(), indent=2), f"promotion/v{version}.json")

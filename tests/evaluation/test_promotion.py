@@ -104,3 +104,28 @@ def test_registry_aliases_follow_the_decisions(registry):
     assert better["deltas"]["avg"] == pytest.approx(2.0)
     run_id = client.get_model_version("raoe-s1", str(v4)).run_id
     assert "promotion/v%d.json" % v4 in [f.path for f in client.list_artifacts(run_id, "promotion")]
+
+
+def test_results_are_reused_on_the_same_data_and_the_first_version_is_only_probed(registry):
+    from tracking.promotion import promote
+
+    tmp_path, experiment = registry
+    calls = []
+
+    def counted(path):
+        calls.append(path)
+        return _suite(path)
+
+    v1 = _register(tmp_path, experiment, 70.0, name="raoe-reuse")
+    first = promote("raoe-reuse", v1, counted, eval_key="data-a")
+    assert first["promote"] and calls == [] and "suite was not run" in first["reason"]  # no champion: no suite
+    v2 = _register(tmp_path, experiment, 71.0, name="raoe-reuse")
+    second = promote("raoe-reuse", v2, counted, eval_key="data-a")
+    assert second["promote"] and sorted(second["evaluated"]) == [v1, v2] and len(calls) == 2
+    v3 = _register(tmp_path, experiment, 69.0, name="raoe-reuse")
+    third = promote("raoe-reuse", v3, counted, eval_key="data-a")
+    assert third["reused"] == [v2] and third["evaluated"] == [v3] and len(calls) == 3  # the champion's remembered
+    again = promote("raoe-reuse", v3, counted, eval_key="data-a")
+    assert sorted(again["reused"]) == [v2, v3] and len(calls) == 3 and not again["promote"]
+    other = promote("raoe-reuse", v3, counted, eval_key="data-b")  # other evaluation data: evaluated again
+    assert sorted(other["evaluated"]) == [v2, v3] and len(calls) == 5
