@@ -140,6 +140,8 @@ class TrackingConfig(Section):
     experiment: str = Field("raoe", description="MLflow experiment")
     run_name: str | None = Field(None, description="MLflow run name; resubmitting the same name resumes it")
     registered_model: str | None = Field(None, description="registry name (default raoe-s1 / raoe-s2 by stage)")
+    retry_seconds: float = Field(300.0, ge=0, description="how long end-of-run logging and registration retry (with "
+                                 "backoff) while the tracking server does not answer; step metrics are buffered")
 
 
 class TrainJobConfig(Section):

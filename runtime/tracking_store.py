@@ -40,6 +40,9 @@ def ensure_experiment(name: str) -> str:
     """Create the experiment once, in the driver (concurrent creation on sqlite races), and return its id."""
     import mlflow
 
+    from tracking.metrics import check_reachable
+
+    check_reachable(tracking_uri())  # before any Ray resource: a clear error naming the URI
     mlflow.set_tracking_uri(tracking_uri())
     existing = mlflow.get_experiment_by_name(name)
     if existing is not None:

@@ -66,31 +66,12 @@ class Evaluator:
                                  max_pairs=self.cfg.get("max_pairs"), score=score)
 
 
-class MetricsLog:
-    """Per-step metrics from rank 0 straight to the job's MLflow run (Train v2 takes no logger callbacks)."""
-
-    def __init__(self, cfg: dict[str, Any] | None):
-        self.client = None
-        if cfg and cfg.get("run_id"):
-            from mlflow import MlflowClient
-
-            self.client, self.run_id = MlflowClient(cfg["tracking_uri"]), cfg["run_id"]
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        if self.client is None:
-            return
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()
-                                                      if v is not None])
-
-
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
 
     from encoders.backbone import build_encoder, export_encoder
     from objectives.registry import CompositeObjective
+    from tracking.metrics import MetricsLog
     from tracking.registry import resolve_model
     from training.plan import StepPlan
     from training.strategy import STRATEGIES
@@ -176,6 +157,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             time.sleep(5)
             print(f"[raoe] {FAULT_ENV}={fault_step}: killing worker {rank} (pid {os.getpid()})", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+    if not metrics_log.flush():
+        print(f"[raoe] MLflow still does not answer: {len(metrics_log.pending)} step metrics were not written "
+              f"(the checkpoints' progress.json keeps the evaluated steps)", flush=True)
     if resumed_at is not None and resumed_at >= plan.total_steps and rank == 0:
         print(f"[raoe] run already complete at step {resumed_at}", flush=True)
 

@@ -122,6 +122,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
     from objectives.registry import CompositeObjective
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
+    from tracking.metrics import with_retries
     from tracking.model_card import model_card, write_model_card
     from tracking.registry import REGISTERED, log_and_register, resolve_model, run_for_name
 
@@ -214,18 +215,11 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
             history = _history(Path(folder))
         (out_dir / "config.json").write_text(json.dumps(resolved, indent=2))
         curve = plot_dev_curve(history, out_dir / "dev_curve.png")
-        mlflow.log_dict({"history": history, "plan": plan.as_dict(), "data": report.as_dict()}, "training_summary.json")
-        if curve:
-            mlflow.log_artifact(str(curve))
         finished = kind.finish(cfg, out_dir / MODEL_DIR, extras, out_dir) if kind.finish else {}
-        _log_finished(finished)
         best_dev = best_metrics.get(DEV_METRIC) if dev_available else None
         final_metrics = {"train_loss": final.get("train_loss"), "grad_norm": final.get("grad_norm"),
                          "steps": final.get("step"),
                          "best_" + DEV_METRIC: best_dev, "best_step": best_metrics.get("step")}
-        per_step = ("train_loss", "grad_norm")  # logged per step already: the final values get their own names
-        mlflow.log_metrics({("final_" + k if k in per_step else k): float(v)
-                            for k, v in final_metrics.items() if v is not None})
         tags = {"raoe.stage": cfg.stage, "data": cfg.data.train or "", "objective": json.dumps(cfg.objective.weights),
                 "start_model": start_model, DEV_METRIC: best_dev}
         payload = {
@@ -242,10 +236,24 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
         card = write_model_card(out_dir / MODEL_DIR, model_card(
             cfg, {**payload, "registered_model": registered if register else None},
             CompositeObjective(cfg.objective.weights, params).describe(), kind.unit))
-        mlflow.log_artifact(str(card), "model_card")
-        mlflow.set_tag("raoe.model_card", "model_card/README.md")
+
+        def log_results() -> None:  # idempotent, so a tracking outage can be waited out (with_retries)
+            mlflow.log_dict({"history": history, "plan": plan.as_dict(), "data": report.as_dict()},
+                            "training_summary.json")
+            if curve:
+                mlflow.log_artifact(str(curve))
+            _log_finished(finished)
+            per_step = ("train_loss", "grad_norm")  # logged per step already: the final values get their own names
+            mlflow.log_metrics({("final_" + k if k in per_step else k): float(v)
+                                for k, v in final_metrics.items() if v is not None})
+            mlflow.log_artifact(str(card), "model_card")
+            mlflow.set_tag("raoe.model_card", "model_card/README.md")
+
+        keep = f"; the trained model is safe at {out_dir / MODEL_DIR}"
+        with_retries(log_results, "logging the results to MLflow" + keep, cfg.tracking.retry_seconds)
         if register:
-            payload.update(log_and_register(out_dir / MODEL_DIR, run_id, registered, tags))
+            payload.update(with_retries(lambda: log_and_register(out_dir / MODEL_DIR, run_id, registered, tags),
+                                        f"registering {registered}" + keep, cfg.tracking.retry_seconds))
     return {**payload, "seconds": time.time() - started}
 
 
