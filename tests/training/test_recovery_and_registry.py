@@ -1,5 +1,5 @@
-"""Recovery: a resubmitted run name resumes (a killed worker inside a run: test_exact_resume.py); Stage 2 starts
-from a registered Stage 1 model by its MLflow URI."""
+"""Recovery: a resubmitted run name resumes, passing over a checkpoint that is not whole (a killed worker inside a
+run: test_exact_resume.py); Stage 2 starts from a registered Stage 1 model by its MLflow URI."""
 
 import csv
 import json
@@ -11,7 +11,7 @@ import ray.train
 from tests.training.conftest import TINY_NLI, tiny_config
 from training.loop import FAULT_ENV
 
-STEPS = ("data.max_rows=64", "trainer.global_batch_size=16", "trainer.max_steps=5", "trainer.eval_every=2")
+STEPS = ("data.max_rows=64", "trainer.global_batch_size=16", "trainer.max_steps=5", "trainer.eval_every=1")
 
 
 def _logged_steps(run_id: str) -> list[int]:
@@ -22,8 +22,8 @@ def _logged_steps(run_id: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def resubmitted(train_env):
-    """A run whose worker dies after step 3 with no restarts allowed (the job fails), then the same run name
-    submitted again."""
+    """A run whose worker dies after step 3 with no restarts allowed (the job fails), its step-3 checkpoint then
+    truncated on disk (a half-written file), and the same run name submitted again."""
     from training.run import run_training
 
     mp = pytest.MonkeyPatch()
@@ -33,12 +33,21 @@ def resubmitted(train_env):
             run_training(tiny_config(train_env, "resubmitted", *STEPS))
     finally:
         mp.undo()
+    latest = max((train_env / "runs" / "resubmitted").glob("checkpoint_*"), key=lambda p: p.name)
+    assert json.loads((latest / "progress.json").read_text())["step"] == 3
+    weights = latest / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     return run_training(tiny_config(train_env, "resubmitted", *STEPS))
 
 
-def test_resubmitting_a_run_name_resumes_it(resubmitted):
+def test_resubmitting_a_run_name_resumes_it_from_its_last_whole_checkpoint(resubmitted):
+    from mlflow import MlflowClient
+
     assert resubmitted["resumed"] is True and resubmitted["metrics"]["steps"] == 5
-    assert _logged_steps(resubmitted["run_id"]) == [1, 2, 3, 3, 4, 5]  # one MLflow run, continued from step 2
+    # one MLflow run, continued from step 2: the truncated step-3 checkpoint was passed over
+    assert _logged_steps(resubmitted["run_id"]) == [1, 2, 3, 3, 4, 5]
+    step3 = [m.value for m in MlflowClient().get_metric_history(resubmitted["run_id"], "train_loss") if m.step == 3]
+    assert step3[0] == pytest.approx(step3[1], rel=1e-6)  # and step 3 replayed exactly
 
 
 def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, tmp_path):
