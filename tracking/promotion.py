@@ -81,11 +81,9 @@ def promote(registered_model: str, candidate_version: int | None, evaluate: Call
             *, margin: float = 0.0, guard_tasks: list[str] | tuple[str, ...] = (), tolerance: float = 0.0,
             eval_key: str | None = None, probe: Callable[[str], None] = load_probe) -> dict:
     """Evaluate candidate and champion with ``evaluate(local_model_path)`` (or reuse results remembered under
-    ``eval_key``), decide, move the alias, record it. Without a champion only ``probe`` runs."""
+    ``eval_key``), decide, move the alias, record it. Without a champion only ``probe`` runs. If the champion
+    changed while deciding (a concurrent promotion), the decision is taken again against the new one."""
     from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    from tracking.registry import download_model
 
     client = MlflowClient()
     if candidate_version is None:
@@ -93,13 +91,39 @@ def promote(registered_model: str, candidate_version: int | None, evaluate: Call
         if not versions:
             raise ValueError(f"registered model {registered_model!r} has no versions")
         candidate_version = max(int(v.version) for v in versions)
-    candidate_uri = f"models:/{registered_model}/{candidate_version}"
-    try:
-        champion_version = int(client.get_model_version_by_alias(registered_model, CHAMPION).version)
-    except MlflowException:
-        champion_version = None
     out: dict[str, Any] = {"registered_model": registered_model, "candidate_version": int(candidate_version),
-                           "champion_version_before": champion_version, "evaluated": [], "reused": []}
+                           "evaluated": [], "reused": []}
+    for _ in range(5):  # another promotion may move the alias meanwhile: decide again against the new champion
+        champion_version = _champion(client, registered_model)
+        result = _decide_once(client, registered_model, int(candidate_version), champion_version, evaluate, out,
+                              margin=margin, guard_tasks=guard_tasks, tolerance=tolerance, eval_key=eval_key,
+                              probe=probe)
+        if result is None or _champion(client, registered_model) == champion_version:
+            break
+    if result is None:  # did not load: never promoted, nothing moved
+        return out
+    decision = result
+    alias = CHAMPION if decision.promote else CHALLENGER
+    client.set_registered_model_alias(registered_model, alias, str(candidate_version))
+    _record(client, registered_model, candidate_version, decision, champion_version)
+    after = int(candidate_version) if decision.promote else champion_version
+    return {**out, **decision.as_dict(), "champion_version_before": champion_version, "alias": alias,
+            "champion_version_after": after}
+
+
+def _champion(client, name: str) -> int | None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return int(client.get_model_version_by_alias(name, CHAMPION).version)
+    except MlflowException:
+        return None
+
+
+def _decide_once(client, registered_model: str, candidate_version: int, champion_version: int | None, evaluate,
+                 out: dict[str, Any], *, margin, guard_tasks, tolerance, eval_key, probe) -> Decision | None:
+    """The decision against ``champion_version``; None (and ``out`` filled) when the candidate does not load."""
+    from tracking.registry import download_model
 
     def scores_of(version) -> dict[str, float | None]:
         known = remembered_scores(client, registered_model, version, eval_key)
@@ -113,29 +137,22 @@ def promote(registered_model: str, candidate_version: int | None, evaluate: Call
 
     try:  # loads and encodes before any alias moves
         if champion_version is None:
-            probe(download_model(candidate_uri))
+            probe(download_model(f"models:/{registered_model}/{candidate_version}"))
             candidate_scores = remembered_scores(client, registered_model, candidate_version, eval_key) or {}
         else:
             candidate_scores = scores_of(candidate_version)
     except Exception as exc:  # noqa: BLE001 - any failure to load or encode means: not promotable
         decision = Decision(False, f"candidate does not load or encode: {type(exc).__name__}: {exc}", {})
         _record(client, registered_model, candidate_version, decision)
-        return {**out, **decision.as_dict(), "champion_version_after": champion_version}
-    champion_scores = None
-    if champion_version is not None and champion_version != int(candidate_version):
-        champion_scores = scores_of(champion_version)
-    elif champion_version == int(candidate_version):
-        champion_scores = candidate_scores
+        out.update(decision.as_dict(), champion_version_before=champion_version, champion_version_after=champion_version)
+        return None
+    if champion_version == candidate_version:
+        return Decision(False, "candidate already is the champion", candidate_scores, candidate_scores, {})
+    champion_scores = scores_of(champion_version) if champion_version is not None else None
     decision = decide(candidate_scores, champion_scores, margin=margin, guard_tasks=guard_tasks, tolerance=tolerance)
     if champion_version is None:
         decision.reason += " (loaded and encoded; nothing to compare with, so the suite was not run)"
-    if champion_version == int(candidate_version):
-        decision = Decision(False, "candidate already is the champion", candidate_scores, champion_scores, {})
-    alias = CHAMPION if decision.promote else CHALLENGER
-    client.set_registered_model_alias(registered_model, alias, str(candidate_version))
-    _record(client, registered_model, candidate_version, decision, champion_version)
-    after = int(candidate_version) if decision.promote else champion_version
-    return {**out, **decision.as_dict(), "alias": alias, "champion_version_after": after}
+    return decision
 
 
 def _record(client, name: str, version, decision: Decision, champion_version: int | None = None) -> None:
