@@ -1,0 +1,163 @@
+"""The fault matrix's long variants (marker ``reliability``, left out of ``make test``; run and tabulated by
+``benchmarks/reliability.py``). Each injects its fault from outside the job, as a cluster would, against one tiny
+Stage 1 job (64 pairs, 8 steps of 16, a checkpoint every 2 steps, dropout 0.1) run as a user runs it, and compares
+the end state with an uninterrupted run of the same job. Measurements go to $RAOE_RELIABILITY_OUT (JSON lines)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.reliability
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 8
+JOB = ["ray_jobs/stage1.py", "--config", "configs/tiny/stage1.yaml", "--set", "data.max_rows=64",
+       "--set", "trainer.global_batch_size=16", "--set", f"trainer.max_steps={STEPS}", "--set", "trainer.eval_every=2",
+       "--set", "model.dropout=0.1", "--set", "eval.data_dir=/nonexistent", "--set", "tracking.experiment=faults"]
+
+
+def record(fault: str, **values) -> None:
+    out = os.environ.get("RAOE_RELIABILITY_OUT")
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps({"fault": fault, **values}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}", "RAOE_HOME": str(root / "home"),
+           "HF_HUB_OFFLINE": "1", "RAOE_MLFLOW_ARTIFACTS": str(root / "artifacts")}
+    return root, env
+
+
+def job_args(root: Path, name: str) -> list[str]:
+    return [*JOB, "--set", f"tracking.run_name={name}", "--set", f"trainer.storage_path={root / 'runs'}",
+            "--set", f"output_dir={root / 'models'}"]
+
+
+def run_job(root, env, name, extra_env=None) -> tuple[dict, float]:
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, *job_args(root, name)], cwd=ROOT, env={**env, **(extra_env or {})},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), time.monotonic() - started
+
+
+def losses(env, run_id: str) -> list[tuple[int, float]]:
+    from mlflow import MlflowClient
+
+    history = MlflowClient(env["MLFLOW_TRACKING_URI"]).get_metric_history(run_id, "train_loss")
+    return [(m.step, m.value) for m in sorted(history, key=lambda m: (m.timestamp, m.step))]
+
+
+def wait_for_step(env, name: str, step: int, timeout: float = 300) -> None:
+    from mlflow import MlflowClient
+
+    client, deadline = MlflowClient(env["MLFLOW_TRACKING_URI"]), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        experiment = client.get_experiment_by_name("faults")
+        runs = client.search_runs([experiment.experiment_id], f"tags.`mlflow.runName` = '{name}'") if experiment else []
+        if runs and any(m.step >= step for m in client.get_metric_history(runs[0].info.run_id, "train_loss")):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{name} never logged step {step}")
+
+
+@pytest.fixture(scope="module")
+def reference(place):
+    root, env = place
+    result, seconds = run_job(root, env, "uninterrupted")
+    return result, seconds, dict(losses(env, result["run_id"]))
+
+
+def check_same_end(env, reference, result) -> dict:
+    """The interrupted run ends on the same step and last loss as the uninterrupted one; what it replayed."""
+    ref_result, _, ref_losses = reference
+    logged = losses(env, result["run_id"])
+    final = dict(logged)
+    assert result["metrics"]["steps"] == STEPS and sorted(final) == list(range(1, STEPS + 1))
+    assert final[STEPS] == pytest.approx(ref_losses[STEPS], rel=1e-6)
+    return {"steps_replayed": len(logged) - STEPS, "final_loss": final[STEPS], "reference_loss": ref_losses[STEPS]}
+
+
+def test_driver_killed_and_resubmitted(place, reference):
+    root, env = place
+    proc = subprocess.Popen([sys.executable, *job_args(root, "driver-killed")], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_step(env, "driver-killed", 5)
+    proc.send_signal(signal.SIGKILL)  # the job's own process, as `kill -9` or a lost node would
+    proc.wait()
+    result, seconds = run_job(root, env, "driver-killed")
+    end = check_same_end(env, reference, result)
+    assert result["resumed"] is True and end["steps_replayed"] >= 1
+    record("job driver SIGKILLed after step 5, same run name resubmitted", **end, resubmit_seconds=seconds,
+           uninterrupted_seconds=reference[1], data_lost="none (checkpoints every 2 steps on trainer.storage_path)")
+
+
+def test_head_restarted_and_resubmitted(place, reference):
+    import ray
+
+    from runtime.local_head import LocalHead, head_env
+
+    root, env = place
+    if ray.is_initialized():
+        ray.shutdown()
+    job_env = {k: env[k] for k in ("MLFLOW_TRACKING_URI", "RAOE_HOME", "HF_HUB_OFFLINE", "RAOE_MLFLOW_ARTIFACTS")}
+    with LocalHead(head_env()) as head:
+        cmd = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", head.address, "--no-wait",
+               "--working-dir", ".", "--runtime-env-json", json.dumps({"env_vars": job_env}), "--", "python",
+               *job_args(root, "head-restarted")]
+        subprocess.run(cmd, cwd=ROOT, env=head.env, check=True, capture_output=True, timeout=300)
+        wait_for_step(env, "head-restarted", 5)
+    # `ray stop` took the head, the job and its workers down; a new head, the same job submitted again
+    started = time.monotonic()
+    with LocalHead(head_env()) as head:
+        lines = list(head.submit(["python", *job_args(root, "head-restarted")], {"env_vars": job_env}, cwd=ROOT))
+    seconds = time.monotonic() - started
+    assert head.returncode == 0, "".join(lines[-40:])
+    result = json.loads(next(line for line in reversed(lines) if line.startswith('{"job"')))
+    end = check_same_end(env, reference, result)
+    assert result["resumed"] is True
+    record("Ray head stopped (ray stop) after step 5, restarted, job resubmitted", **end, resubmit_seconds=seconds,
+           uninterrupted_seconds=reference[1], data_lost="none (trainer.storage_path outside the cluster)")
+
+
+def test_tracking_server_down_mid_run(place, reference):
+    from runtime.local_head import free_port
+    from tests.foundation.test_tracking_outage import start_server, stop
+
+    root, env = place
+    port = free_port()
+    server_root = root / "server"
+    server_root.mkdir()
+    server = start_server(port, server_root)
+    uri = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, *job_args(root, "tracking-outage")], cwd=ROOT,
+                            env={**env, "MLFLOW_TRACKING_URI": uri}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    wait_for_step({**env, "MLFLOW_TRACKING_URI": uri}, "tracking-outage", 3)
+    stop(server)
+    down = time.monotonic()
+    time.sleep(20)
+    server = start_server(port, server_root)
+    outage = time.monotonic() - down
+    try:
+        output = proc.communicate(timeout=600)[0]
+        assert proc.returncode == 0, output[-3000:]
+        result = json.loads(output.strip().splitlines()[-1])
+        end = check_same_end({**env, "MLFLOW_TRACKING_URI": uri}, reference, result)
+        assert result["model_uri"] and end["steps_replayed"] == 0
+        assert "buffering them and training on" in output
+    finally:
+        stop(server)
+    record("MLflow tracking server stopped for the middle of the run, then restarted", **end,
+           outage_seconds=outage, uninterrupted_seconds=reference[1],
+           data_lost="none (step metrics buffered and written on return; model registered)")
