@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 IN_SUITE = {  # fault tests that make test runs: what each injects and what raoe does
     "tests/training/test_exact_resume.py": (
-        "a Ray Train worker SIGKILLed mid-run (2 workers, DDP and ZeRO-2, trainer.max_failures=2)",
+        "a Ray Train worker SIGKILLed mid-run (2 workers, DDP; ZeRO-2 among the long variants; max_failures=2)",
         "the worker group restarts from the last checkpoint; every step's loss and the final weights equal an "
         "uninterrupted run (bit for bit)", "steps since the last checkpoint (<= eval_every)", "none"),
     "tests/training/test_recovery_and_registry.py": (
@@ -60,7 +60,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         records = Path(tmp) / "records.jsonl"
         env = {**os.environ, "RAOE_RELIABILITY_OUT": str(records), "HF_HUB_OFFLINE": "1"}
-        long = pytest_run(["-m", "reliability", "tests/reliability"], Path(tmp) / "long.xml", env)
+        long = pytest_run(["-m", "reliability", "tests/reliability", "tests/training/test_exact_resume.py"],
+                          Path(tmp) / "long.xml", env)
         suite = pytest_run(list(IN_SUITE), Path(tmp) / "suite.xml", env)
         measured = [json.loads(x) for x in records.read_text().splitlines()] if records.exists() else []
     lines = ["# Reliability: the fault matrix", "", f"Machine: {machine()}.", "",

@@ -58,7 +58,10 @@ def test_a_submitted_job_registers_a_model_that_outlives_the_cluster(tmp_path, m
     secrets = {"HF_TOKEN": "hf_SENTINELa1b2c3", "AWS_SECRET_ACCESS_KEY": "SENTINELaws4d5e6",
                "MLFLOW_TRACKING_PASSWORD": "SENTINELpw7f8g9"}
     env = {"MLFLOW_TRACKING_URI": store, "RAOE_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1", **secrets}
-    with LocalHead(head_env()) as head:
+    clean = head_env()  # only what the job is given: no store or artifact root inherited from this process
+    for key in ("MLFLOW_TRACKING_URI", "RAOE_MLFLOW_ARTIFACTS", "RAOE_HOME"):
+        clean.pop(key, None)
+    with LocalHead(clean) as head:
         assert head.address.startswith("http://127.0.0.1:")
         probe = list(head.submit(["python", "-c", "import os; print('job says', os.environ['RAOE_PROBE'])"],
                                  {"env_vars": {"RAOE_PROBE": "hello"}}, cwd=tmp_path / "probe"))
@@ -71,10 +74,15 @@ def test_a_submitted_job_registers_a_model_that_outlives_the_cluster(tmp_path, m
     home = tmp_path / "home"
     assert result["model_path"].startswith(str(home)) and result["checkpoint_path"].startswith(str(home))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    previous = mlflow.get_tracking_uri()  # an earlier test may have set the process-wide URI
+    mlflow.set_tracking_uri(store)
     experiment = mlflow.MlflowClient(store).get_experiment_by_name("raoe-submitted")
     assert "_ray_pkg_" not in experiment.artifact_location
     assert experiment.artifact_location.startswith((tmp_path / "mlartifacts").as_uri())  # beside the store
-    model = mlflow.sentence_transformers.load_model(result["model_uri"])  # the cluster and its copy are gone
+    try:
+        model = mlflow.sentence_transformers.load_model(result["model_uri"])  # the cluster and its copy are gone
+    finally:
+        mlflow.set_tracking_uri(previous)
     assert model.encode(["a man plays music."]).shape[0] == 1
     # no secret the job could see reached its output, the MLflow store, its artifacts, checkpoints or exports
     written = [p for p in tmp_path.rglob("*") if p.is_file()]

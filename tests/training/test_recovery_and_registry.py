@@ -11,7 +11,7 @@ import ray.train
 from tests.training.conftest import TINY_NLI, tiny_config
 from training.loop import FAULT_ENV
 
-STEPS = ("data.max_rows=64", "trainer.global_batch_size=16", "trainer.max_steps=5", "trainer.eval_every=1")
+STEPS = ("data.max_rows=64", "trainer.global_batch_size=16", "trainer.max_steps=5", "trainer.eval_every=2")
 
 
 def _logged_steps(run_id: str) -> list[int]:
@@ -22,19 +22,20 @@ def _logged_steps(run_id: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def resubmitted(train_env):
-    """A run whose worker dies after step 3 with no restarts allowed (the job fails), its step-3 checkpoint then
+    """A run whose worker dies after step 4 with no restarts allowed (the job fails), its step-4 checkpoint then
     truncated on disk (a half-written file), and the same run name submitted again."""
     from training.run import run_training
 
     mp = pytest.MonkeyPatch()
-    mp.setenv(FAULT_ENV, "3")
+    mp.setenv(FAULT_ENV, "4")
     try:
-        with pytest.raises(ray.train.TrainingFailedError):  # no restarts allowed: the job fails after step 3
+        with pytest.raises(ray.train.TrainingFailedError):  # no restarts allowed: the job fails after step 4
             run_training(tiny_config(train_env, "resubmitted", *STEPS))
     finally:
         mp.undo()
-    latest = max((train_env / "runs" / "resubmitted").glob("checkpoint_*"), key=lambda p: p.name)
-    assert json.loads((latest / "progress.json").read_text())["step"] == 3
+    latest = max((p for p in (train_env / "runs" / "resubmitted").glob("checkpoint_*") if p.is_dir()),
+                 key=lambda p: p.name)
+    assert json.loads((latest / "progress.json").read_text())["step"] == 4
     weights = latest / "model" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     return run_training(tiny_config(train_env, "resubmitted", *STEPS))
@@ -44,10 +45,12 @@ def test_resubmitting_a_run_name_resumes_it_from_its_last_whole_checkpoint(resub
     from mlflow import MlflowClient
 
     assert resubmitted["resumed"] is True and resubmitted["metrics"]["steps"] == 5
-    # one MLflow run, continued from step 2: the truncated step-3 checkpoint was passed over
-    assert _logged_steps(resubmitted["run_id"]) == [1, 2, 3, 3, 4, 5]
-    step3 = [m.value for m in MlflowClient().get_metric_history(resubmitted["run_id"], "train_loss") if m.step == 3]
-    assert step3[0] == pytest.approx(step3[1], rel=1e-6)  # and step 3 replayed exactly
+    # one MLflow run, continued from step 2: the truncated step-4 checkpoint was passed over
+    assert _logged_steps(resubmitted["run_id"]) == [1, 2, 3, 3, 4, 4, 5]
+    history = MlflowClient().get_metric_history(resubmitted["run_id"], "train_loss")
+    for step in (3, 4):  # replayed exactly
+        first, again = [m.value for m in history if m.step == step]
+        assert again == pytest.approx(first, rel=1e-6), step
 
 
 def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, tmp_path):

@@ -45,6 +45,7 @@ def _spec(root: Path):
                  f"eval.data_dir={DEV_DATA / 'senteval'}", f"output_dir={root / 'models'}"]
     return load_config(SweepSpec, ROOT / "configs" / "tiny" / "sweep.yaml", [
         f"storage_path={root / 'tune'}", "name=tiny-sweep", f"overrides={json.dumps(overrides)}",
+        "max_concurrent_trials=2",  # two trials at once fit the 2 CPUs (half a CPU per worker)
     ])
 
 
