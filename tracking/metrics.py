@@ -56,6 +56,7 @@ class MetricsLog:
 
     def __init__(self, cfg: dict[str, Any] | None):
         self.client, self.pending, self.down_since, self.outages = None, [], None, []
+        self.retry_seconds = float((cfg or {}).get("retry_seconds", 300.0))
         if cfg and cfg.get("run_id"):
             # One quick try per log (MLflow would otherwise retry for minutes inside the training step).
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -100,3 +101,18 @@ class MetricsLog:
             except Exception:  # noqa: BLE001 - the tag is a courtesy; the metrics are in
                 pass
         return True
+
+    def close(self) -> None:
+        """At the end of training: retry the buffered metrics with backoff for ``retry_seconds``, then say how many
+        could not be written (the checkpoints' progress.json still holds the evaluated steps)."""
+        if self.client is None or self.flush():
+            return
+
+        def flushed() -> None:
+            if not self.flush():
+                raise ConnectionError("the tracking server does not answer")
+
+        try:
+            with_retries(flushed, f"writing {len(self.pending)} buffered step metrics", self.retry_seconds)
+        except RuntimeError as exc:
+            print(f"[raoe] {exc}; they are not in the run", flush=True)

@@ -157,9 +157,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             time.sleep(5)
             print(f"[raoe] {FAULT_ENV}={fault_step}: killing worker {rank} (pid {os.getpid()})", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-    if not metrics_log.flush():
-        print(f"[raoe] MLflow still does not answer: {len(metrics_log.pending)} step metrics were not written "
-              f"(the checkpoints' progress.json keeps the evaluated steps)", flush=True)
+    metrics_log.close()  # waits (tracking.retry_seconds) for an absent server to take the buffered metrics
     if resumed_at is not None and resumed_at >= plan.total_steps and rank == 0:
         print(f"[raoe] run already complete at step {resumed_at}", flush=True)
 

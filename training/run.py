@@ -184,7 +184,8 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
                 "eval": {"select": dev_available, "data_dir": str(Path(cfg.eval.data_dir).resolve()),
                          "batch_size": cfg.eval.batch_size, "max_pairs": cfg.eval.max_pairs,
                          "relation_weights": getattr(cfg.eval, "relation_weights", None)},
-                "mlflow": {"tracking_uri": tracking_uri(), "run_id": run_id},
+                "mlflow": {"tracking_uri": tracking_uri(), "run_id": run_id,
+                           "retry_seconds": cfg.tracking.retry_seconds},
             }
             trainer = TorchTrainer(
                 train_loop_per_worker, train_loop_config=loop_config, datasets={"train": ds},

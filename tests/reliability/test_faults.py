@@ -105,21 +105,29 @@ def test_driver_killed_and_resubmitted(place, reference):
 def test_head_restarted_and_resubmitted(place, reference):
     import ray
 
-    from runtime.local_head import LocalHead, head_env
+    from runtime.local_head import AGENT_NOT_READY, LocalHead, head_env
 
     root, env = place
     if ray.is_initialized():
         ray.shutdown()
+    clean = head_env()
+    for key in ("MLFLOW_TRACKING_URI", "RAOE_MLFLOW_ARTIFACTS", "RAOE_HOME"):
+        clean.pop(key, None)
     job_env = {k: env[k] for k in ("MLFLOW_TRACKING_URI", "RAOE_HOME", "HF_HUB_OFFLINE", "RAOE_MLFLOW_ARTIFACTS")}
-    with LocalHead(head_env()) as head:
+    with LocalHead(clean) as head:
         cmd = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", head.address, "--no-wait",
                "--working-dir", ".", "--runtime-env-json", json.dumps({"env_vars": job_env}), "--", "python",
                *job_args(root, "head-restarted")]
-        subprocess.run(cmd, cwd=ROOT, env=head.env, check=True, capture_output=True, timeout=300)
+        for _ in range(10):  # the head's job agent may not be up yet (LocalHead.submit repeats the same way)
+            done = subprocess.run(cmd, cwd=ROOT, env=head.env, capture_output=True, text=True, timeout=300)
+            if done.returncode == 0 or AGENT_NOT_READY not in done.stdout + done.stderr:
+                break
+            time.sleep(3)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         wait_for_step(env, "head-restarted", 5)
     # `ray stop` took the head, the job and its workers down; a new head, the same job submitted again
     started = time.monotonic()
-    with LocalHead(head_env()) as head:
+    with LocalHead(clean) as head:
         lines = list(head.submit(["python", *job_args(root, "head-restarted")], {"env_vars": job_env}, cwd=ROOT))
     seconds = time.monotonic() - started
     assert head.returncode == 0, "".join(lines[-40:])
