@@ -91,10 +91,13 @@ def check_same_end(env, reference, result) -> dict:
 def test_driver_killed_and_resubmitted(place, reference):
     root, env = place
     proc = subprocess.Popen([sys.executable, *job_args(root, "driver-killed")], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     wait_for_step(env, "driver-killed", 5)
-    proc.send_signal(signal.SIGKILL)  # the job's own process, as `kill -9` or a lost node would
+    # the job's process group, as a lost machine would: the driver and the local Ray it started (killing the
+    # driver alone leaves that Ray's processes behind, which kept a later head's job agent from registering)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    time.sleep(2)
     result, seconds = run_job(root, env, "driver-killed")
     end = check_same_end(env, reference, result)
     assert result["resumed"] is True and end["steps_replayed"] >= 1
