@@ -100,13 +100,16 @@ def kmeans_seeds(embeddings, clusters: int, per_cluster: int, seed: int) -> list
     return sorted(chosen)
 
 
+SENTENCE_END = re.compile(r'[.!?]["\')]?(?=\s|$)')  # ., ! or ? (maybe closing a quote) before a space or the end
+
+
 def first_sentence(output: str) -> str:
     """The generated sentence: the first line of the output, unquoted, up to its first sentence end (small chat
     models often run on with commentary after the rewrite)."""
     text = output.strip().split("\n")[0].strip()
     if text.startswith('"'):  # a quoted rewrite: the quote is the sentence
         text = text[1:].split('"')[0].strip()
-    end = re.search(r'[.!?]["\')]?(?=\s|$)', text)
+    end = SENTENCE_END.search(text)
     return text[: end.end()] if end else text
 
 
@@ -167,7 +170,7 @@ class ListGenerator:
             for i, raw in zip(active, outputs):
                 text = first_sentence(raw)
                 reason = check_sentence(text, lists[i])
-                if reason is None and not re.search(r'[.!?]["\')]?$', text) and self._hit_token_limit(raw):
+                if reason is None and not SENTENCE_END.search(text[-2:]) and self._hit_token_limit(raw):
                     reason = "unfinished"  # cut by max_new_tokens before any sentence end
                 if reason is None:
                     lists[i].append(text)

@@ -49,17 +49,29 @@ def ray_encode(model_path: str, sentences: list[str], *, batch_size: int = 64, a
     return result
 
 
-def score_with_ray(model_path: str, eval_cfg, *, actors: int = 1, cpus_per_actor: float = 1.0,
-                   predictions: dict | None = None, score=None) -> dict:
-    """The STS suite of ``eval_cfg`` (an EvalConfig) for one model, encoded by a Ray Data actor pool; ``score``
-    replaces the cosine (an RSE model's relation score), and the result then says ``relation_scored``."""
-    from evaluation.sts import evaluate_sts
+def ray_encoder(model_path: str, batch_size: int, *, actors: int = 1, cpus_per_actor: float = 1.0,
+                cache: dict | None = None):
+    """``encode(sentences)`` through the Ray actor pool; sentences already in ``cache`` are not encoded again (so
+    several scorings of one model, e.g. an RSE model's plain and relation scores, encode each sentence once)."""
+    cache = {} if cache is None else cache
 
     def encode(sentences):
-        print(f"encoding {len(sentences)} sentences with {actors} actor(s) ...", flush=True)
-        return ray_encode(model_path, sentences, batch_size=eval_cfg.batch_size, actors=actors,
-                          cpus_per_actor=cpus_per_actor)
+        missing = sorted(set(sentences) - set(cache))
+        if missing:
+            print(f"encoding {len(missing)} sentences with {actors} actor(s) ...", flush=True)
+            cache.update(zip(missing, ray_encode(model_path, missing, batch_size=batch_size, actors=actors,
+                                                 cpus_per_actor=cpus_per_actor)))
+        return np.stack([cache[s] for s in sentences]) if sentences else np.zeros((0, 0), dtype=np.float32)
 
-    metrics = evaluate_sts(encode, eval_cfg.data_dir, eval_cfg.tasks, max_pairs=eval_cfg.max_pairs,
-                           stsb_split=eval_cfg.stsb_split, predictions=predictions, score=score)
-    return {**metrics, "relation_scored": True} if score is not None else metrics
+    return encode
+
+
+def score_with_ray(model_path: str, eval_cfg, *, actors: int = 1, cpus_per_actor: float = 1.0,
+                   predictions: dict | None = None, score=None, cache: dict | None = None) -> dict:
+    """The STS suite of ``eval_cfg`` (an EvalConfig) for one model, encoded by a Ray Data actor pool; ``score``
+    replaces the cosine (an RSE model's relation score); ``cache`` shares embeddings between calls."""
+    from evaluation.sts import evaluate_sts
+
+    encode = ray_encoder(model_path, eval_cfg.batch_size, actors=actors, cpus_per_actor=cpus_per_actor, cache=cache)
+    return evaluate_sts(encode, eval_cfg.data_dir, eval_cfg.tasks, max_pairs=eval_cfg.max_pairs,
+                        stsb_split=eval_cfg.stsb_split, predictions=predictions, score=score)

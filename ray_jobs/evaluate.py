@@ -65,6 +65,7 @@ def main(cfg: EvaluateJobConfig) -> dict:
     from evaluation.sts import plot_cosine_vs_gold
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
+    from tracking.metrics import metric_name
     from tracking.registry import is_model_uri, resolve_model
 
     experiment_id = ensure_experiment(cfg.tracking.experiment)
@@ -72,11 +73,12 @@ def main(cfg: EvaluateJobConfig) -> dict:
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.model.source).strip("_")
     predictions: dict = {}
     relational: dict = {}
+    scorer, cache = _relation_scorer(model_path, cfg.eval), {}  # one encoding of each sentence for every score
     with ray_session():
         metrics = score_with_ray(model_path, cfg.eval, actors=cfg.actors, cpus_per_actor=cfg.cpus_per_actor,
-                                 predictions=predictions, score=_relation_scorer(model_path, cfg.eval))
-        if metrics.pop("relation_scored", False):
-            relational = _relational_report(model_path, cfg, Path(cfg.output_dir) / f"{safe}-relations.png")
+                                 predictions=predictions, score=scorer, cache=cache)
+        if scorer is not None:
+            relational = _relational_report(model_path, cfg, Path(cfg.output_dir) / f"{safe}-relations.png", cache)
     print(f"{'task':<18}Spearman x100")
     for task, value in metrics.items():
         print(f"{task:<18}{'absent' if value is None else f'{value:.2f}'}")
@@ -100,8 +102,7 @@ def main(cfg: EvaluateJobConfig) -> dict:
             mlflow.log_dict(relational, f"evaluation/{prefix}_relations.json")
             mlflow.log_artifact(relational["relation_similarity_plot"], "evaluation")
             for rel, values in relational.get("relation_prediction", {}).items():
-                mlflow.log_metrics({f"relation_prediction/{re.sub(r'[^A-Za-z0-9_.-]+', '_', rel)}/"
-                                    f"{k.replace('@', '_at_')}": v for k, v in values.items()})
+                mlflow.log_metrics({metric_name(f"relation_prediction/{rel}/{k}"): v for k, v in values.items()})
     return {"model": cfg.model.source, "model_path": model_path, "metrics": metrics,
             "absent": [k for k, v in metrics.items() if v is None], "run_id": run.info.run_id,
             "logged_on_model_run": run_id is not None, "plot": str(plot) if plot else None,
@@ -132,23 +133,23 @@ def _relation_scorer(model_path: str, eval_cfg):
     return relation_sts_scorer(*saved, eval_cfg.relation_weights)
 
 
-def _relational_report(model_path: str, cfg, plot_path) -> dict:
+def _relational_report(model_path: str, cfg, plot_path, cache: dict) -> dict:
     """RSE: the plain-cosine STS scores next to the relation-weighted ones, relation prediction on eval.triples,
     and the relation vectors' cosine plot."""
     import json
 
     from encoders.relational import normalised_weights, plot_relation_similarity, read_relation_table, relation_prediction
-    from evaluation.encode import ray_encode, score_with_ray
+    from evaluation.encode import ray_encoder, score_with_ray
 
     names, vectors = read_relation_table(model_path)
     weights = dict(zip(names, normalised_weights(names, cfg.eval.relation_weights).tolist()))
     out = {"relation_weights": weights, "plain_cosine": score_with_ray(
-        model_path, cfg.eval, actors=cfg.actors, cpus_per_actor=cfg.cpus_per_actor),
+        model_path, cfg.eval, actors=cfg.actors, cpus_per_actor=cfg.cpus_per_actor, cache=cache),
         "relation_similarity_plot": str(plot_relation_similarity(names, vectors, plot_path))}
     if cfg.eval.triples:
         triples = [json.loads(line) for line in open(cfg.eval.triples, encoding="utf-8") if line.strip()]
-        encode = lambda texts: ray_encode(model_path, texts, batch_size=cfg.eval.batch_size,  # noqa: E731
-                                          actors=cfg.actors, cpus_per_actor=cfg.cpus_per_actor)
+        encode = ray_encoder(model_path, cfg.eval.batch_size, actors=cfg.actors, cpus_per_actor=cfg.cpus_per_actor,
+                             cache=cache)
         out["relation_prediction"] = relation_prediction(encode, triples, names, vectors)
     return out
 

@@ -7,12 +7,18 @@ an unreachable server at start is an error before any Ray resource is taken."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 BATCH = 1000  # MLflow's log_batch limit on metrics per call
 GAP_TAG = "raoe.tracking_outages"
+
+
+def metric_name(key: str) -> str:
+    """A result key as an MLflow metric name (letters, digits, _ - . / and spaces; Hits@k as hits_at_k)."""
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", key.replace("@", "_at_"))
 
 
 def check_reachable(uri: str, timeout: float = 5.0) -> None:

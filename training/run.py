@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 from datetime import datetime, timezone
@@ -262,10 +261,12 @@ def _log_finished(finished: dict[str, Any]) -> None:
     """A data kind's after-training results into the run: numbers as metrics, PNGs as artifacts."""
     import mlflow
 
+    from tracking.metrics import metric_name
+
     numbers = {k: float(v) for k, v in _flat(finished).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if numbers:
-        mlflow.log_metrics({re.sub(r"[^A-Za-z0-9_\-./ ]", "_", k.replace("@", "_at_")): v for k, v in numbers.items()})
+        mlflow.log_metrics({metric_name(k): v for k, v in numbers.items()})
     for value in _flat(finished).values():
         if isinstance(value, str) and value.endswith(".png") and Path(value).exists():
             mlflow.log_artifact(value)
