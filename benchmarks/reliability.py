@@ -73,7 +73,7 @@ def main() -> None:
         seconds = m.get("resubmit_seconds")
         recover = (f"{seconds:.0f} s resubmission to done (uninterrupted run {m['uninterrupted_seconds']:.0f} s)"
                    if seconds is not None else f"outage {m['outage_seconds']:.0f} s; run continued")
-        did = "resumed from its checkpoint" if m["steps_replayed"] else "trained on without a restart"
+        did = m.get("did") or ("resumed from its checkpoint" if m["steps_replayed"] else "trained on without a restart")
         lines.append(f"| {m['fault']} | {did}; last loss {m['final_loss']:.6f} = uninterrupted "
                      f"{m['reference_loss']:.6f} | {m['steps_replayed']} | {m['data_lost']} | {recover} |")
     lines += ["", "Status of each long variant: " + ", ".join(f"{k.split('::')[-1]} {v[0]} ({v[1]:.0f} s)"

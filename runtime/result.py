@@ -36,14 +36,18 @@ def emit_result(payload: dict[str, Any]) -> None:
 
 def root_cause(exc: BaseException) -> BaseException:
     """The user's own exception inside Ray's wrappers: a task error's ``cause``, a Ray Train worker group's first
-    worker failure, and any ``ray.*`` exception's ``__cause__`` (Ray Data's UserCodeException)."""
+    worker failure, its controller's failure, and any ``ray.*`` exception's ``__cause__`` (Ray Data's
+    UserCodeException)."""
     seen: set[int] = set()
     while id(exc) not in seen:
         seen.add(id(exc))
         cause = getattr(exc, "cause", None)
         failures = getattr(exc, "worker_failures", None)
+        controller = getattr(exc, "controller_failure", None)
         if isinstance(cause, BaseException):
             exc = cause
+        elif isinstance(controller, BaseException):
+            exc = controller
         elif isinstance(failures, dict) and failures:
             exc = next(iter(failures.values()))
         elif type(exc).__module__.startswith("ray.") and exc.__cause__ is not None:

@@ -3,13 +3,17 @@
 Every worker that writes into a checkpoint adds a manifest of its files (size and SHA-256) after writing them; a
 checkpoint is usable when every manifest in it checks out. A resumed run takes Ray Train's latest checkpoint if it
 is whole, else the newest whole one before it in the same run folder, and says which and why. (Checkpoints from
-before manifests existed are taken as they are.)"""
+before manifests existed are taken as they are.) A checkpoint that cannot be written (storage full or read-only) ends
+the run with an error naming the path; the half-written folder is removed where that is possible, and Ray Train never
+registers it, so the checkpoint before it stays the one a resubmitted job resumes from."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
+import shutil
+from datetime import datetime
 from pathlib import Path
 
 MANIFEST = "manifest-rank{rank}.json"
@@ -89,3 +93,48 @@ def resume_folder(checkpoint, rank: int):
         if why is not None:
             raise RuntimeError(f"checkpoint {checkpoint.path} is not whole ({why})")
         yield downloaded
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written; the message names where and why, and what to do."""
+
+
+def _reason(exc: OSError) -> str:
+    return f"[Errno {exc.errno}] {exc.strerror}" if exc.errno and exc.strerror else str(exc).splitlines()[0]
+
+
+RESUBMIT = ("The checkpoints before it are untouched: free space or make the storage writable, then resubmit the "
+            "same job (same tracking.run_name) to resume from the last one")
+
+
+def write_failed(step: int, where: str, exc: OSError) -> CheckpointWriteError:
+    return CheckpointWriteError(f"could not write the step {step} checkpoint to {where}: {_reason(exc)}. {RESUBMIT}")
+
+
+def report_checkpoint(metrics: dict, folder: Path | None, run_folder: str, step: int, rank: int) -> None:
+    """``ray.train.report`` with this rank's checkpoint part in ``folder`` (None: metrics only), under a name chosen
+    here (Ray Train's own ``checkpoint_<time>`` form, which sorts by time, plus the step) so that a failed upload can
+    say where it failed and rank 0 can remove the half-written folder (Ray Train uses rank 0's name for all ranks)."""
+    import ray.train
+
+    name = f"checkpoint_{datetime.now().strftime('%Y-%m-%d_%H-%M-%S.%f')}_step{step}"
+    checkpoint = ray.train.Checkpoint.from_directory(str(folder)) if folder is not None else None
+    try:
+        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name)
+    except OSError as exc:
+        target = f"{run_folder}/{name}" if rank == 0 else run_folder
+        if rank == 0 and "://" not in run_folder:
+            shutil.rmtree(target, ignore_errors=True)
+        raise write_failed(step, target, exc) from None
+
+
+def storage_failure(exc: BaseException, run_folder: str) -> CheckpointWriteError | None:
+    """The same error and advice when Ray Train's controller, not a worker, could not write to the run folder (its
+    record of the checkpoints, rewritten after each one); None for any other failure."""
+    from runtime.result import root_cause
+
+    root = root_cause(exc)
+    if not isinstance(root, OSError):
+        return None
+    return CheckpointWriteError(
+        f"could not write Ray Train's checkpoint record under {run_folder}: {str(root).splitlines()[0]}. {RESUBMIT}")

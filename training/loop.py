@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.checkpoints import resume_folder, write_manifest
+from training.checkpoints import report_checkpoint, resume_folder, write_failed, write_manifest
 from training.kinds import KINDS
 from training.rows import load_rows, take
 
@@ -150,7 +150,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if step % trainer_cfg["eval_every"] == 0 or step == plan.total_steps:
             best, history = _evaluate_and_report(model, strategy, evaluator, metrics_log, rank, step,
                                                  {"train_loss": loss_sum, "grad_norm": grad_norm}, best, history,
-                                                 plan, export_encoder)
+                                                 plan, export_encoder, config["run_folder"])
         if fault_step and resumed_at is None and step == fault_step and rank == world - 1:
             # Ray Train's controller collects reported checkpoints on its 2 s health-check poll; a worker that
             # dies within that window loses its last report. Wait, as any real run would between reports.
@@ -163,11 +163,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
 
 def _evaluate_and_report(model, strategy, evaluator, metrics_log, rank, step, last, best, history, plan,
-                         export_encoder):
+                         export_encoder, run_folder):
     """Dev Spearman (rank 0; every rank runs the encoder under ZeRO-3, whose forward gathers weights collectively),
     then a checkpoint from every worker: rank 0 exports the full model, each strategy saves its own state."""
-    import ray.train
-
     dev = evaluator(model) if rank == 0 or strategy.evaluates_on_every_rank else None
     dev = dev if rank == 0 else None
     if dev is not None:
@@ -180,13 +178,15 @@ def _evaluate_and_report(model, strategy, evaluator, metrics_log, rank, step, la
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         state = {"step": step, "best": best, "history": history}
-        with strategy.full_parameters():
-            if rank == 0:
-                export_encoder(model, folder / MODEL_DIR, {"step": step, DEV_METRIC: dev})
-                (folder / PROGRESS_FILE).write_text(json.dumps(state))
-        wrote = strategy.save(folder, rank, state) or rank == 0
-        if wrote:  # last: a checkpoint whose manifests check out is whole (training/checkpoints.py)
-            write_manifest(folder, rank, set())
-        checkpoint = ray.train.Checkpoint.from_directory(str(folder)) if wrote else None
-        ray.train.report(metrics, checkpoint=checkpoint)
+        try:
+            with strategy.full_parameters():
+                if rank == 0:
+                    export_encoder(model, folder / MODEL_DIR, {"step": step, DEV_METRIC: dev})
+                    (folder / PROGRESS_FILE).write_text(json.dumps(state))
+            wrote = strategy.save(folder, rank, state) or rank == 0
+            if wrote:  # last: a checkpoint whose manifests check out is whole (training/checkpoints.py)
+                write_manifest(folder, rank, set())
+        except OSError as exc:  # the node's temporary folder is full or read-only
+            raise write_failed(step, f"the local temporary folder {folder}", exc) from None
+        report_checkpoint(metrics, folder if wrote else None, run_folder, step, rank)
     return best, history

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from jobconfig.schema import TrainJobConfig, objective_params
+from training.checkpoints import storage_failure
 from training.kinds import FIELD_COLUMNS, KINDS, DataKind
 from training.loop import DEV_METRIC, MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
 from training.plan import plan_steps
@@ -180,6 +181,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
                 "kind": kind.name, "fields": sorted(needed & set(FIELD_COLUMNS)),
                 "extras": {k: v for k, v in extras.items() if k not in ("heldout", "counts")},  # driver-side only
                 "threads_per_worker": cfg.trainer.threads_per_worker,
+                "run_folder": f"{storage.rstrip('/')}/{run_name}",  # where Ray Train puts this run's checkpoints
                 "eval": {"select": dev_available, "data_dir": str(Path(cfg.eval.data_dir).resolve()),
                          "batch_size": cfg.eval.batch_size, "max_pairs": cfg.eval.max_pairs,
                          "relation_weights": getattr(cfg.eval, "relation_weights", None)},
@@ -205,7 +207,13 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
                     worker_runtime_env={"env_vars": _worker_env()}, callbacks=callbacks or None,
                 ),
             )
-            result = trainer.fit()
+            try:
+                result = trainer.fit()
+            except Exception as exc:
+                failure = storage_failure(exc, loop_config["run_folder"])
+                if failure is None:
+                    raise
+                raise failure from exc
         best_checkpoint, best_metrics = _best(result)
         final = result.metrics or {}
         out_dir = Path(cfg.output_dir).resolve() / run_name

@@ -142,6 +142,26 @@ def deepspeed_config(trainer_cfg: dict[str, Any], plan) -> dict[str, Any]:
     }
 
 
+def weights_only_checkpoint_engine(config):
+    """DeepSpeed's torch checkpoint engine, loading with ``torch.load(weights_only=True)`` (DeepSpeed's own passes
+    ``weights_only=False``, which runs any pickled code a checkpoint on shared storage carries). Its files hold
+    tensors, numbers, strings and containers, plus these DeepSpeed types, allowed by name: the ZeRO optimizer's loss
+    scaler, its stage enum and the fragment addresses of its flat partitions."""
+    from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    allowed = [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+    class WeightsOnlyCheckpointEngine(TorchCheckpointEngine):
+        def load(self, path: str, map_location=None):
+            with torch.serialization.safe_globals(allowed):
+                return torch.load(path, map_location=map_location, weights_only=True)
+
+    return WeightsOnlyCheckpointEngine(config)
+
+
 class DeepSpeedStrategy:
     """``deepspeed.initialize`` in the loop (not Ray's prepare_model), on the process group Ray Train opened.
     The optimizer is torch's AdamW, so nothing needs DeepSpeed's compiled CPU-Adam; ZeRO shards its state."""
@@ -158,6 +178,7 @@ class DeepSpeedStrategy:
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(trainer_cfg, plan),
             dist_init_required=False,
         )
+        self.engine.checkpoint_engine = weights_only_checkpoint_engine(self.engine._config)
         self.module = self.engine
         self.device = self.engine.device
         self.zero_stage = trainer_cfg["zero_stage"]

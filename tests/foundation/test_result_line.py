@@ -69,3 +69,21 @@ def test_a_format_that_cannot_read_the_path_is_refused_before_any_task(tmp_path)
     with pytest.raises(ValueError, match="'txt' does not hold pairs"):
         corpus_files(data, "pairs", "txt")
     assert corpus_files(data, "pairs", "pairs_jsonl") == ([data], "pairs_jsonl")
+
+
+def test_storage_errors_from_ray_trains_controller_name_the_path_and_what_to_do():
+    """Ray Train's controller failing to rewrite its checkpoint record (read-only storage) reaches the JSON line as
+    the OS error with raoe's advice, not as "ControllerError"; other failures pass through unchanged."""
+    from ray.train.v2.api.exceptions import ControllerError
+
+    from runtime.result import error_message
+    from training.checkpoints import storage_failure
+
+    os_error = OSError(30, "Failed to open local file '/data/run/checkpoint_manager_snapshot.json'. Detail: [errno 30] "
+                           "Read-only file system")
+    wrapped = ControllerError(os_error)
+    assert error_message(wrapped).startswith("OSError: [Errno 30] Failed to open local file '/data/run/")
+    failure = storage_failure(wrapped, "/data/run")
+    assert str(failure).startswith("could not write Ray Train's checkpoint record under /data/run: [Errno 30] ")
+    assert "Read-only file system" in str(failure) and "resubmit the same job" in str(failure)
+    assert storage_failure(ControllerError(ValueError("other")), "/data/run") is None

@@ -43,9 +43,9 @@ def job_args(root: Path, name: str) -> list[str]:
             "--set", f"output_dir={root / 'models'}"]
 
 
-def run_job(root, env, name, extra_env=None) -> tuple[dict, float]:
+def run_job(root, env, name, extra_env=None, extra_args=()) -> tuple[dict, float]:
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, *job_args(root, name)], cwd=ROOT, env={**env, **(extra_env or {})},
+    proc = subprocess.run([sys.executable, *job_args(root, name), *extra_args], cwd=ROOT, env={**env, **(extra_env or {})},
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), time.monotonic() - started
@@ -172,3 +172,87 @@ def test_tracking_server_down_mid_run(place, reference):
     record("MLflow tracking server stopped for the middle of the run, then restarted", **end,
            outage_seconds=outage, uninterrupted_seconds=reference[1],
            data_lost="none (step metrics buffered and written on return; model registered)")
+
+
+@pytest.fixture
+def small_disk(place):
+    """A 64 MiB tmpfs mounted for one test: storage that can be filled or made read-only from outside the job."""
+    root, _ = place
+    mount = root / "small-disk"
+    mount.mkdir(exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN): {done.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def first_registered_checkpoint(run_folder: Path, timeout: float = 300) -> str:
+    """Wait until Ray Train has registered a checkpoint of the run (its snapshot names one); its folder name."""
+    snapshot, deadline = run_folder / "checkpoint_manager_snapshot.json", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            names = [r["checkpoint_dir_name"] for r in json.loads(snapshot.read_text())["checkpoint_results"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            names = []
+        if names:
+            return names[0]
+        time.sleep(0.02)
+    raise TimeoutError(f"no checkpoint registered in {run_folder}")
+
+
+def fill(mount: Path) -> None:
+    with open(mount / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError:
+            pass
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+def test_checkpoint_storage_full_or_read_only(place, reference, small_disk, fault):
+    """The storage fills up (or turns read-only) once the run has a checkpoint: the job fails with an error naming
+    the path and the OS reason; every checkpoint it had stays whole; after the storage is fixed, the same job
+    resubmitted resumes and ends where an uninterrupted run ends."""
+    from training.checkpoints import problem
+
+    root, env = place
+    name = f"storage-{fault}"
+    args = [*job_args(root, name), "--set", f"trainer.storage_path={small_disk}"]
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    first_registered_checkpoint(small_disk / name)
+    if fault == "full":
+        fill(small_disk)
+    else:
+        subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    output = proc.communicate(timeout=600)[0]
+    broken = time.monotonic()
+    result = json.loads(output.strip().splitlines()[-1])
+    assert proc.returncode != 0 and result["status"] == "error", output[-3000:]
+    reason = "No space left on device" if fault == "full" else "Read-only file system"
+    assert reason in result["error"] and str(small_disk) in result["error"], result["error"]
+    kept = sorted(p for p in (small_disk / name).glob("checkpoint_*") if p.is_dir())
+    assert kept and all(problem(p) is None for p in kept), [(p.name, problem(p)) for p in kept]
+    # a worker's checkpoint upload fails ("the step N checkpoint"), or Ray Train's controller rewriting its record
+    # of the checkpoints does, whichever touches the storage first: the same advice either way
+    assert "could not write" in result["error"] and "resubmit the same job" in result["error"], result["error"]
+    failed = "Ray Train's checkpoint record" if "checkpoint record" in result["error"] else \
+        "the step " + result["error"].split("could not write the step ")[1].split()[0] + " checkpoint"
+
+    if fault == "full":
+        (small_disk / "filler").unlink()
+    else:
+        subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)
+    resumed, seconds = run_job(root, env, name, extra_args=["--set", f"trainer.storage_path={small_disk}"])
+    end = check_same_end(env, reference, resumed)
+    assert resumed["resumed"] is True
+    record(f"checkpoint storage {'full' if fault == 'full' else 'turned read-only'} after the first checkpoint, "
+           f"fixed, job resubmitted", **end, failed_write=failed, error=result["error"],
+           did=f"the job failed at once with `{reason}` naming the path ({failed}) and what to do; the "
+               f"{len(kept)} checkpoints before it stayed whole (manifests checked); resubmitted, it resumed",
+           resubmit_seconds=seconds, fix_to_done_seconds=time.monotonic() - broken,
+           checkpoints_kept=len(kept), uninterrupted_seconds=reference[1],
+           data_lost="none (the failed checkpoint was never registered; earlier ones stayed whole)")

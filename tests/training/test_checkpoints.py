@@ -1,6 +1,11 @@
 """Whole checkpoints only: manifests written last, checked on resume; a checkpoint that is not whole is passed over
 for the newest whole one before it (the end-to-end case: test_recovery_and_registry.py)."""
 
+from types import SimpleNamespace
+
+import pytest
+import torch
+
 from training.checkpoints import problem, usable, write_manifest
 
 
@@ -30,3 +35,75 @@ def test_each_kind_of_damage_is_named_and_an_earlier_whole_checkpoint_is_used(tm
     assert problem(latest) == "rank1/weights.bin is missing"
     (older / "manifest-rank0.json").write_text("{trunc")
     assert usable(latest)[0] is None and len(usable(latest)[1]) == 2
+
+
+class _Payload:
+    """What a tampered checkpoint could carry: an object whose unpickling runs code (here: writes a file)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A one-process gloo group for the module (DeepSpeed caches its groups: one group serves every stage)."""
+    import os
+
+    import torch.distributed as dist
+
+    from runtime.local_head import free_port
+
+    saved = {k: os.environ.get(k) for k in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
+    os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")  # what Ray Train's workers have
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    if created:
+        dist.destroy_process_group()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
+def test_deepspeed_checkpoints_load_weights_only(tmp_path, one_rank_group, zero_stage):
+    """DeepSpeed's own engine unpickles anything (torch.load(weights_only=False)); raoe's loads every ZeRO stage's
+    files weights-only: the optimizer state comes back exactly, and a checkpoint carrying a code-running object is
+    refused before the object is built."""
+    import pickle
+
+    from training.strategy import DeepSpeedStrategy
+
+    def strategy(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Linear(6, 3))
+        cfg = {"lr": 1e-2, "weight_decay": 0.01, "grad_clip": 1.0, "zero_stage": zero_stage, "bf16": False}
+        plan = SimpleNamespace(micro_batch=4, grad_accum=1, global_batch=4, warmup_steps=0, total_steps=10)
+        return DeepSpeedStrategy(model, cfg, plan, 1)
+
+    trained = strategy(0)
+    for _ in range(2):
+        trained.backward(trained.module(torch.randn(4, 6)).pow(2).sum())
+        trained.micro_step()
+    trained.save(tmp_path, 0, {"step": 2, "history": [{"step": 2, "loss": 0.5}]})
+    resumed = strategy(1)
+    state = resumed.load(tmp_path)
+    assert (state["step"], state["history"]) == (2, [{"step": 2, "loss": 0.5}])
+    x = torch.randn(4, 6)
+    assert torch.equal(resumed.module(x), trained.module(x))
+    for each in (trained, resumed):  # one more identical step: the optimizer state came back too
+        each.backward(each.module(x).pow(2).sum())
+        each.micro_step()
+    assert torch.equal(resumed.module(x), trained.module(x))
+
+    marker = tmp_path / "pwned"
+    trained.save(tmp_path, 0, {"step": 3, "payload": _Payload(marker)})
+    with pytest.raises(pickle.UnpicklingError, match="weights_only"):
+        strategy(2).load(tmp_path)
+    assert not marker.exists()
