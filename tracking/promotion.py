@@ -71,8 +71,11 @@ def decide(candidate: dict[str, float | None], champion: dict[str, float | None]
              if t in deltas and deltas[t] < -tolerance]
     if drops:
         return Decision(False, "guarded task(s) regress: " + "; ".join(drops), candidate, champion, deltas)
-    if deltas["avg"] < margin or deltas["avg"] <= 0:
+    if deltas["avg"] < margin:
         return Decision(False, f"average {deltas['avg']:+.2f} is below the margin {margin:.2f}", candidate, champion,
+                        deltas)
+    if deltas["avg"] <= 0:
+        return Decision(False, f"average {deltas['avg']:+.2f} does not improve on the champion", candidate, champion,
                         deltas)
     return Decision(True, f"average {deltas['avg']:+.2f} >= margin {margin:.2f}", candidate, champion, deltas)
 

@@ -16,6 +16,7 @@ CHAMP = {"STS12": 70.0, "STSBenchmark": 80.0, "avg": 75.0}
         ({"STS12": 72.0, "STSBenchmark": 80.5, "avg": 76.25}, 0.5, True, "margin"),  # better
         ({"STS12": 69.0, "STSBenchmark": 79.8, "avg": 74.4}, 0.0, False, "below the margin"),  # worse
         ({"STS12": 70.6, "STSBenchmark": 80.0, "avg": 75.3}, 0.5, False, "below the margin"),  # within the margin
+        ({"STS12": 70.0, "STSBenchmark": 80.0, "avg": 75.0}, 0.0, False, "does not improve"),  # a tie keeps the champion
         ({"STS12": 76.0, "STSBenchmark": 79.0, "avg": 77.5}, 0.0, False, "STSBenchmark drops 1.00"),  # guard
     ],
 )
