@@ -4,7 +4,7 @@ tests/reliability/) and the fault tests that ``make test`` runs, and writes benc
 
   python benchmarks/reliability.py
 
-A benchmark, not a test: about 10 minutes here.
+A benchmark, not a test: about 15 minutes here.
 """
 
 from __future__ import annotations
