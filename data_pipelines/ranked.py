@@ -138,7 +138,8 @@ class ListGenerator:
     at the first sentence that fails ``check_sentence`` or that the token limit cut before its end; of each output
     only its first sentence is kept."""
 
-    def __init__(self, model: str, prompt: str, steps: int, lam: float, max_new_tokens: int, threads: int = 1):
+    def __init__(self, model: str, prompt: str, steps: int, lam: float, max_new_tokens: int, threads: int = 1,
+                 trust_remote_code: bool = False):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -146,8 +147,8 @@ class ListGenerator:
 
         torch.set_num_threads(threads)
         path = resolve_model_source(model)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        self.model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=trust_remote_code).eval()
         self.prompt, self.steps, self.lam, self.max_new_tokens = prompt, steps, lam, max_new_tokens
 
     def render(self, sentence: str) -> str:

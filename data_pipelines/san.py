@@ -66,6 +66,8 @@ class SanConfig(BaseModel):
     actors: int = Field(1, ge=1, description="actors in the pool (scale out across nodes)")
     cpus_per_actor: float = Field(1.0, gt=0, description="CPUs an actor reserves (fractional on small machines)")
     threads: int = Field(1, ge=1, description="torch threads per actor")
+    trust_remote_code: bool = Field(False, description="run Python code shipped with the model folder (its own "
+                                    "architecture); off unless set")
 
 
 def load_spacy():
@@ -169,8 +171,9 @@ class MaskFiller:
         from transformers import AutoModelForMaskedLM, AutoTokenizer
 
         self.cfg, self.torch = cfg, torch
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForMaskedLM.from_pretrained(model_path).eval()
+        remote = cfg.trust_remote_code
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=remote)
+        self.model = AutoModelForMaskedLM.from_pretrained(model_path, trust_remote_code=remote).eval()
         self.tagger = Tagger(cfg.tagging, list(self.tokenizer.get_vocab()), cache_dir)
         self.banned = torch.tensor(sorted(set(self.tokenizer.all_special_ids)))
 
@@ -246,10 +249,11 @@ class LlmRewriter:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.cfg, self.torch = cfg, torch
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
+        remote = cfg.trust_remote_code
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left", trust_remote_code=remote)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, trust_remote_code=remote).eval()
 
     def render(self, text: str) -> str:
         message = self.cfg.prompt.replace("{text}", text)

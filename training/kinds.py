@@ -158,10 +158,11 @@ class ListTeacher:
     """Ray Data actor: the teacher's cosine matrix of each list's sentences, flattened row-major (the ListMLE
     targets are refined from it during training)."""
 
-    def __init__(self, source: str, batch_size: int):
+    def __init__(self, source: str, batch_size: int, trust_remote_code: bool = False):
         from data_pipelines.teachers import TeacherConfig, TeacherEncoder
 
-        self.encoder = TeacherEncoder(TeacherConfig(name="teacher", source=source, batch_size=batch_size))
+        self.encoder = TeacherEncoder(TeacherConfig(name="teacher", source=source, batch_size=batch_size,
+                                                    trust_remote_code=trust_remote_code))
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         sims = []
@@ -175,6 +176,13 @@ class ListTeacher:
         return {"sentences": batch["sentences"], "teacher_sim": column}
 
 
+def teacher_trusts_code(cfg) -> bool:
+    """posttrain.teacher_trust_remote_code, or model.trust_remote_code when unset (the teacher defaults to the
+    start model, which then needs the same permission)."""
+    remote = cfg.posttrain.teacher_trust_remote_code
+    return cfg.model.trust_remote_code if remote is None else remote
+
+
 def _lists(ds, cfg, start_model: str):
     """Each ranked list with its teacher similarity matrix: ``posttrain.teacher``, or the start model, frozen."""
     import ray
@@ -182,9 +190,10 @@ def _lists(ds, cfg, start_model: str):
     from tracking.registry import resolve_model
 
     teacher = resolve_model(cfg.posttrain.teacher or start_model)
-    return ds.map_batches(ListTeacher, fn_constructor_kwargs={"source": teacher, "batch_size": 64}, batch_size=64,
-                          compute=ray.data.ActorPoolStrategy(size=1), num_cpus=cfg.posttrain.teacher_cpus,
-                          batch_format="numpy")
+    return ds.map_batches(ListTeacher, fn_constructor_kwargs={"source": teacher, "batch_size": 64,
+                                                              "trust_remote_code": teacher_trusts_code(cfg)},
+                          batch_size=64, compute=ray.data.ActorPoolStrategy(size=1),
+                          num_cpus=cfg.posttrain.teacher_cpus, batch_format="numpy")
 
 
 def lists_batch(module, model, rows: dict[str, np.ndarray], device, autocast=None, buckets: int = 1,
