@@ -25,6 +25,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from jobconfig.schema import TrustRemoteCode
+
 # Table 2: human-annotated semantic importance of each part of speech (spaCy's universal POS tags).
 POS_IMPORTANCE = {"NOUN": 9, "VERB": 9, "ADJ": 8, "PROPN": 8, "ADV": 7, "PRON": 7, "CCONJ": 6, "DET": 6, "ADP": 5,
                   "CONJ": 5, "SCONJ": 5, "AUX": 4, "NUM": 4, "PART": 3, "INTJ": 2, "PUNCT": 1, "SYM": 1, "X": 1}
@@ -66,8 +68,7 @@ class SanConfig(BaseModel):
     actors: int = Field(1, ge=1, description="actors in the pool (scale out across nodes)")
     cpus_per_actor: float = Field(1.0, gt=0, description="CPUs an actor reserves (fractional on small machines)")
     threads: int = Field(1, ge=1, description="torch threads per actor")
-    trust_remote_code: bool = Field(False, description="run Python code shipped with the model folder (its own "
-                                    "architecture); off unless set")
+    trust_remote_code: TrustRemoteCode = False
 
 
 def load_spacy():

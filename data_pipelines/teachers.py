@@ -9,6 +9,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from jobconfig.schema import TrustRemoteCode
+
 
 class TeacherConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -24,8 +26,7 @@ class TeacherConfig(BaseModel):
     cpus_per_actor: float = Field(0.5, gt=0, description="CPUs an actor reserves; keep the sum below the cluster's "
                                   "so Ray Data's read/filter tasks can still run")
     threads: int = Field(1, ge=1, description="torch/onnxruntime threads per actor")
-    trust_remote_code: bool = Field(False, description="run Python code shipped with the model folder (its own "
-                                    "architecture); off unless set")
+    trust_remote_code: TrustRemoteCode = False
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -13,6 +13,9 @@ from runtime.paths import stable_path
 OutputPath = Annotated[str, AfterValidator(stable_path)]
 RELATIVE = ("a relative path is made absolute against the working directory, or against RAOE_HOME (~/raoe) when "
             "the job runs in Ray's scratch copy of it (ray job submit --working-dir)")
+# Every config section naming a model it loads: transformers runs code shipped with a model only when asked.
+TrustRemoteCode = Annotated[bool, Field(description="run Python code shipped with the model folder (its own "
+                                        "architecture); off unless set")]
 
 
 class Section(BaseModel):
@@ -39,8 +42,8 @@ class ModelConfig(Section):
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less memory)")
     negative_dropout: float | None = Field(None, ge=0.0, le=1.0, description="dropout of the aligned negatives' "
                                            "forward pass (SAN's p2, unsupervised job); null = model.dropout")
-    trust_remote_code: bool = Field(False, description="run Python code shipped with a hub model (its own "
-                                    "architecture); off unless set, then recorded in the export for loading")
+    trust_remote_code: TrustRemoteCode = Field(False, description="run Python code shipped with the model folder "
+                                               "(its own architecture); off unless set, then recorded in the export")
 
 
 class TrainerConfig(Section):
@@ -183,8 +186,8 @@ class PosttrainSection(Section):
     teacher: str | None = Field(None, description="encoder whose similarity matrix of each list gives the ListMLE "
                                 "targets (path, pypi:, models:/...); null = the start model, frozen")
     teacher_cpus: float = Field(0.5, gt=0, description="CPUs of the teacher-scoring actor before training")
-    teacher_trust_remote_code: bool | None = Field(None, description="run Python code shipped with the teacher; "
-                                                   "null = as model.trust_remote_code")
+    teacher_trust_remote_code: bool | None = Field(None, description="trust_remote_code for the "
+                                                   "teacher; null = as model.trust_remote_code")
 
 
 class PosttrainJobConfig(TrainJobConfig):

@@ -14,7 +14,7 @@ from pydantic import Field
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from data_pipelines.ranked import LIST_PROMPT
 from jobconfig import parse_job_args
-from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, TrackingConfig
+from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, TrackingConfig, TrustRemoteCode
 from runtime.result import run_job
 
 
@@ -34,8 +34,8 @@ class ListsSection(Section):
     actors: int = Field(1, ge=1, description="LM actors (scale out across nodes)")
     cpus_per_actor: float = Field(1.0, gt=0, description="CPUs an actor reserves")
     threads: int = Field(1, ge=1, description="torch threads per actor")
-    trust_remote_code: bool = Field(False, description="run Python code shipped with the causal LM or the seed "
-                                    "encoder (their own architectures); off unless set")
+    trust_remote_code: TrustRemoteCode = Field(False, description="run Python code shipped with the causal LM "
+                                               "or the seed encoder; off unless set")
 
 
 class GenerateListsJobConfig(Section):
