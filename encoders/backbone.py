@@ -6,6 +6,7 @@ gives, under ``SentenceTransformer(path)``, exactly the embeddings the training 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
@@ -69,6 +70,44 @@ def adapters_in_fp32(module: torch.nn.Module) -> None:
             param.data = param.data.float()
 
 
+def dropout_settings(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, float]]:
+    """Every dropout rate of ``model`` as (module, attribute, rate): ``nn.Dropout`` modules, and the float
+    ``attention_dropout`` attributes some attention layers read directly."""
+    settings = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            settings.append((module, "p", module.p))
+        elif isinstance(getattr(module, "attention_dropout", None), float):
+            settings.append((module, "attention_dropout", module.attention_dropout))
+    return settings
+
+
+@contextlib.contextmanager
+def dropout_settings_applied(settings: list[tuple[torch.nn.Module, str, float]]):
+    """Set the given rates inside the block, the rates found on entry restored after."""
+    saved = [(module, name, getattr(module, name)) for module, name, _ in settings]
+    try:
+        for module, name, value in settings:
+            setattr(module, name, value)
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+class DropoutReplay:
+    """``context_fn`` for torch's non-reentrant checkpointing: the recompute in backward runs every dropout at the
+    rate it had in the forward. torch replays the RNG state, not module attributes, so a rate set only around one
+    forward (SAN's p2 for the aligned negatives) would otherwise be recomputed at the model's own rate, and the
+    gradient would differ from the run without checkpointing."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def __call__(self):
+        return contextlib.nullcontext(), dropout_settings_applied(dropout_settings(self.model))
+
+
 def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 64, dropout: float | None = None,
                   prompt: str | None = None, device: str = "cpu", quantization: str = "none",
                   lora: dict[str, Any] | None = None, padding_side: str | None = None,
@@ -107,7 +146,8 @@ def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 6
     # Non-reentrant checkpointing: with reentrant segments (torch's and peft's default) each segment runs its own
     # backward, so a weight used in two forward passes of one step (length buckets) gets two gradient hooks, and
     # DDP/ZeRO reduce a partial gradient: wrong across workers (the exact-gradient tests catch it).
-    checkpointing = {"use_reentrant": False}
+    # DropoutReplay: the recompute uses the dropout rates of its forward, not those in force during backward.
+    checkpointing = {"use_reentrant": False, "context_fn": DropoutReplay(auto_model)}
     if quant is not None:
         from peft import prepare_model_for_kbit_training
 
@@ -156,13 +196,15 @@ def embed(module, model, texts: list[str], device: str | torch.device = "cpu") -
 
 def embed_by_length(module, model, texts: list[str], device: str | torch.device = "cpu", buckets: int = 2) -> torch.Tensor:
     """``embed`` in ``buckets`` forward passes over the texts grouped by length, each padded only to its own longest
-    text (an SNLI premise is about twice as long as its hypothesis); embeddings come back in input order."""
+    text (an SNLI premise is about twice as long as its hypothesis); embeddings come back in input order.
+    Exactly ``buckets`` passes whenever there are ``2 * buckets`` texts or more, whatever their count, so workers
+    that agreed on ``buckets`` (training/kinds.py) run the same number of forward passes."""
     if buckets <= 1 or len(texts) < 2 * buckets:
         return embed(module, model, texts, device)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    size = -(-len(texts) // buckets)
-    parts = [embed(module, model, [texts[i] for i in order[start:start + size]], device)
-             for start in range(0, len(texts), size)]
+    bounds = [len(texts) * b // buckets for b in range(buckets + 1)]
+    parts = [embed(module, model, [texts[i] for i in order[start:end]], device)
+             for start, end in zip(bounds, bounds[1:])]
     inverse = torch.tensor(order).argsort()  # position of each input text in the sorted order
     return torch.cat(parts)[inverse.to(parts[0].device)]
 

@@ -142,7 +142,7 @@ def evaluate_sts(
             continue
         pairs = pairs.head(max_pairs)
         cosine = (score or cosine_scores)(encode, pairs)
-        results[task] = spearman_x100(cosine, pairs.gold)
+        results[task] = spearman_x100(cosine, pairs.gold)  # pairs_spearman, keeping the cosines for the plot
         if predictions is not None:
             predictions[task] = (cosine, np.asarray(pairs.gold))
     present = [v for v in results.values() if v is not None]
@@ -150,11 +150,24 @@ def evaluate_sts(
     return results
 
 
+def pairs_spearman(encode: Encoder, pairs: STSPairs,
+                   score: Callable[[Encoder, STSPairs], np.ndarray] | None = None) -> float:
+    """Spearman x 100 of one task's pairs, scored as ``evaluate_sts`` scores them. Training selects checkpoints by
+    this on STS-B dev pairs the driver read once and handed to every worker (a worker's node may lack the files)."""
+    return spearman_x100((score or cosine_scores)(encode, pairs), pairs.gold)
+
+
+def stsb_dev_pairs(data_dir: str | Path, max_pairs: int | None = None) -> STSPairs | None:
+    """The STS-B dev pairs training selects checkpoints by (the first ``max_pairs``), or None when absent."""
+    pairs = load_task(data_dir, "STSBenchmark", "dev")
+    return None if pairs is None or len(pairs.gold) == 0 else pairs.head(max_pairs)
+
+
 def stsb_dev_spearman(encode: Encoder, data_dir: str | Path, max_pairs: int | None = None,
                       score: Callable[[Encoder, STSPairs], np.ndarray] | None = None) -> float | None:
-    """What training selects checkpoints by: the same code path, restricted to STS-B dev."""
-    return evaluate_sts(encode, data_dir, ["STSBenchmark"], max_pairs=max_pairs, stsb_split="dev",
-                        score=score)["STSBenchmark"]
+    """What training selects checkpoints by, read from ``data_dir``; None without STS-B dev there."""
+    pairs = stsb_dev_pairs(data_dir, max_pairs)
+    return None if pairs is None else pairs_spearman(encode, pairs, score)
 
 
 def plot_cosine_vs_gold(cosine: np.ndarray, gold: np.ndarray, path: str | Path, title: str) -> Path:

@@ -69,7 +69,8 @@ class TrainerConfig(Section):
     eval_every: int = Field(50, ge=1, description="steps between STS-B dev evaluations and checkpoints")
     max_failures: int = Field(0, ge=-1, description="worker-group restarts from the last checkpoint (-1 = forever)")
     threads_per_worker: int | None = Field(None, ge=1, description="torch threads per worker; null = torch's default")
-    keep_checkpoints: int = Field(2, ge=1, description="best checkpoints kept by dev Spearman (the latest is kept too)")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept: the best by STS-B dev Spearman (the latest "
+                                                       "too), or the latest ones when the run has no dev set")
     storage_path: OutputPath = Field("raoe_runs", validate_default=True, description="Ray Train storage for checkpoints "
                                      "(local path, s3://, gs://); relative: see output_dir")
 

@@ -31,6 +31,7 @@ class EmbeddingBatch:
     emb1: torch.Tensor | None = None  # [B, d] first sentences (anchors, heads, list seeds)
     emb2: torch.Tensor | None = None  # [B, d] second sentences (positives, tails)
     emb_neg: torch.Tensor | None = None  # [B', d] hard / syntactically aligned negatives
+    neg_mask: torch.Tensor | None = None  # [B'] bool: the aligned negative is real (SAN leaves some anchors without)
     scores: torch.Tensor | None = None  # [B] similarity S in [0, 1]
     labels: torch.Tensor | None = None  # [B] NLI labels E=0, N=1, C=2
     ids1: torch.Tensor | None = None  # [B] integer ids of the first texts (duplicate detection)
@@ -60,6 +61,9 @@ class ObjectiveSpec:
     citation: str
     defaults: dict[str, Any]
     compute: Callable[[EmbeddingBatch, dict[str, Any]], torch.Tensor] = field(repr=False)
+    # Rows one optimizer step must hold: objectives that rank or contrast the rows of a step (pair ranking, angles,
+    # in-batch negatives) are 0 with a gradient of 0 on one row. ListMLE ranks within each list.
+    min_rows: int = 2
 
 
 def _positive_pairs(batch: EmbeddingBatch, threshold: float) -> torch.Tensor:
@@ -124,14 +128,14 @@ SPECS: dict[str, ObjectiveSpec] = {
         ObjectiveSpec(
             "infonce", "Supervised SimCSE InfoNCE (hard negatives optional)",
             "Gao, Yao & Chen 2021, SimCSE: Simple Contrastive Learning of Sentence Embeddings, EMNLP", {"tau": 0.05},
-            lambda b, p: infonce_loss(*b.require("infonce", "emb1", "emb2"), b.emb_neg, **p),
+            lambda b, p: infonce_loss(*b.require("infonce", "emb1", "emb2"), b.emb_neg, negative_mask=b.neg_mask, **p),
         ),
         ObjectiveSpec(
             "hince", "Hierarchical InfoNCE, Eq. 2", _SAN, {"tau1": 0.05, "tau2": 0.08},
-            lambda b, p: hince_loss(*b.require("hince", "emb1", "emb2", "emb_neg"), **p),
+            lambda b, p: hince_loss(*b.require("hince", "emb1", "emb2", "emb_neg"), negative_mask=b.neg_mask, **p),
         ),
         ObjectiveSpec("listmle", "ListMLE on refined targets, Eq. 5-8", _RANK, {"omega": 0.5, "tau": 0.05},
-                      _listmle),
+                      _listmle, min_rows=1),
         ObjectiveSpec(
             "relational", "RSE relational contrastive objective, Eq. 1-2",
             _RSE, {"tau": 0.05},

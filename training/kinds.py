@@ -46,29 +46,37 @@ class DataKind:
 
 @contextlib.contextmanager
 def dropout_rate(model: torch.nn.Module, p: float | None):
-    """Every dropout of the encoder at rate ``p`` inside the block (SAN's p2 for aligned negatives), restored after:
-    ``nn.Dropout`` modules, and float ``attention_dropout`` attributes that some attention layers read directly."""
+    """Every dropout of the encoder at rate ``p`` inside the block (SAN's p2 for aligned negatives), restored after.
+    Under gradient checkpointing the backward recomputes these layers at the same rate (encoders.backbone's
+    DropoutReplay)."""
+    from encoders.backbone import dropout_settings, dropout_settings_applied
+
     if p is None:
         yield
         return
-    saved = []
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            saved.append((module, "p", module.p))
-            module.p = p
-        elif isinstance(getattr(module, "attention_dropout", None), float):
-            saved.append((module, "attention_dropout", module.attention_dropout))
-            module.attention_dropout = p
-    try:
+    with dropout_settings_applied([(module, name, p) for module, name, _ in dropout_settings(model)]):
         yield
-    finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
+
+
+def agreed_buckets(texts: int, buckets: int, device) -> int:
+    """The number of length buckets every worker uses for this encoder call: ``buckets`` when every worker holds
+    at least ``2 * buckets`` texts, else 1. Each forward pass is a collective (DDP broadcasts buffers, ZeRO-3
+    gathers weights), so a worker with many texts (long ranked lists) must not run more passes than one with few;
+    the all-reduce itself is issued by every worker at the same call, whatever its rows hold."""
+    import torch.distributed as dist
+
+    local = buckets if buckets > 1 and texts >= 2 * buckets else 1
+    if buckets <= 1 or not dist.is_initialized() or dist.get_world_size() == 1:
+        return local
+    agreed = torch.tensor([local], dtype=torch.int64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    return int(agreed.item())
 
 
 def _encode(module, model, texts: list[str], device, autocast, buckets: int) -> torch.Tensor:
     from encoders.backbone import embed_by_length
 
+    buckets = agreed_buckets(len(texts), buckets, device)
     with autocast or contextlib.nullcontext():
         return embed_by_length(module, model, texts, device, buckets).float()
 
@@ -117,20 +125,22 @@ def sentences_batch(module, model, rows: dict[str, np.ndarray], device, autocast
     """Unsupervised SimCSE: each sentence twice through the encoder in one pass, so dropout (``model.dropout``)
     makes the two views its anchor and positive. With a ``negative`` column (SAN), the aligned negatives go through
     a pass of their own at dropout ``negative_dropout`` (the paper's p2)."""
-    from objectives.gather import gather_with_grad
+    from objectives.gather import gather_no_grad, gather_with_grad
     from objectives.registry import EmbeddingBatch
 
     texts = [str(t) for t in rows["text"]]
     views = _encode(module, model, texts + texts, device, autocast, buckets)
     n = len(texts)
-    negative = None
-    if "negative" in rows:
+    negative = mask = None
+    if "negative" in rows:  # an anchor the SAN guard left without a negative encodes itself there, masked out:
+        present = [isinstance(t, str) and bool(t) for t in rows["negative"]]  # every worker runs this pass
+        negatives = [str(t) if real else anchor for t, real, anchor in zip(rows["negative"], present, texts)]
         with dropout_rate(model, negative_dropout):
-            negative = gather_with_grad(_encode(module, model, [str(t) for t in rows["negative"]], device, autocast,
-                                                buckets))
+            negative = gather_with_grad(_encode(module, model, negatives, device, autocast, buckets))
+        mask = gather_no_grad(torch.tensor(present, dtype=torch.bool, device=device))
     ids = _ids(texts, device)
     return EmbeddingBatch(emb1=gather_with_grad(views[:n]), emb2=gather_with_grad(views[n:]), emb_neg=negative,
-                          ids1=ids, ids2=ids)
+                          neg_mask=mask, ids1=ids, ids2=ids)
 
 
 def _triplets(ds, cfg, start_model: str):
@@ -147,10 +157,15 @@ def _sentences(ds, cfg, start_model: str):
 
 
 def _sentences_with_negatives(ds, cfg, start_model: str):
-    missing = ds.filter(lambda r: not r["negative"]).count()
+    """Every sentence trains, with or without its aligned negative (the paper trains SimCSE+SAN on all of Wiki1M;
+    HiNCE leaves a missing negative out of the softmax). A corpus with none is refused: it would be plain SimCSE."""
+    total, missing = ds.count(), ds.filter(lambda r: not r["negative"]).count()
+    if missing == total:
+        raise ValueError(f"the {total} sentences of {cfg.data.train} have no 'negative'; the objective (hince) needs "
+                         f"aligned negatives: generate them with ray_jobs/generate_san.py")
     if missing:
-        raise ValueError(f"{missing} sentences of {cfg.data.train} have no 'negative'; the objective (hince) needs an "
-                         f"aligned negative for every sentence: generate them with ray_jobs/generate_san.py")
+        print(f"[raoe] {missing} of {total} sentences have no aligned negative (guarded by generate_san): they train "
+              f"with in-batch candidates only", flush=True)
     return ds.select_columns(["text", "negative"])
 
 
@@ -228,6 +243,10 @@ def _load_triples(cfg, quarantine_path):
 
     frame, report = load_triples(cfg.data, quarantine_path)
     triples = prepare_triples(frame, cfg.data, cfg.trainer.seed)
+    unknown = sorted(set(cfg.eval.relation_weights or {}) - set(triples.relations))
+    if unknown:  # else the first dev evaluation fails in a worker, the steps before it lost
+        raise ValueError(f"eval.relation_weights names relation(s) {unknown} that the training triples do not hold; "
+                         f"their relations: {list(triples.relations)}")
     print(f"[raoe] relations {triples.counts} (training triples), {len(triples.heldout)} held out", flush=True)
     columns = ["head", "tail", "negative", "relation_id"]
     extras = {"relations": triples.relations, "relation_lr": cfg.relational.relation_lr,
@@ -291,7 +310,7 @@ KINDS: dict[str, DataKind] = {
         DataKind("triplets", "pairs", ("emb1", "emb2", "emb_neg", "labels", "scores", "ids1", "ids2"),
                  text_pairs_batch, "SimCSE triplets (premise, entailment, contradiction)", _triplets),
         DataKind("sentences", "sentences", ("emb1", "emb2", "ids1", "ids2"), sentences_batch, "sentences", _sentences),
-        DataKind("sentences_san", "sentences", ("emb1", "emb2", "emb_neg", "ids1", "ids2"), sentences_batch,
+        DataKind("sentences_san", "sentences", ("emb1", "emb2", "emb_neg", "neg_mask", "ids1", "ids2"), sentences_batch,
                  "sentences with aligned negatives", _sentences_with_negatives),
         DataKind("lists", "lists", ("list_emb", "list_mask", "list_target"), lists_batch, "ranked lists", _lists),
         DataKind("triples", "triples", ("emb1", "emb2", "emb_neg", "ids1", "ids2", "ids_neg", "relation",

@@ -45,16 +45,22 @@ def seed_micro_batch(seed: int, step: int, micro: int, rank: int) -> None:
 
 
 class Evaluator:
-    """STS-B dev Spearman on rank 0 through the evaluation suite's own code path."""
+    """STS-B dev Spearman through the evaluation suite's own scoring, on the dev pairs the driver read once and put
+    in Ray's object store (``eval.dev_pairs``; None when the run has no dev set: it then keeps its latest
+    checkpoints and never scores one)."""
 
     def __init__(self, cfg: dict[str, Any]):
+        import ray
+
         self.cfg = cfg
+        ref = cfg.get("dev_pairs")
+        self.pairs = ray.get(ref) if ref is not None else None
 
     def __call__(self, model) -> float | None:
-        if not self.cfg.get("select"):
+        if self.pairs is None:
             return None
         from encoders.backbone import encode_texts
-        from evaluation.sts import stsb_dev_spearman
+        from evaluation.sts import pairs_spearman
 
         score = None
         if getattr(model, "relation_names", None) is not None:  # RSE: the relation-weighted score selects
@@ -62,8 +68,7 @@ class Evaluator:
 
             vectors = getattr(model, TABLE).detach().float().cpu().numpy()
             score = relation_sts_scorer(model.relation_names, vectors, self.cfg.get("relation_weights"))
-        return stsb_dev_spearman(lambda s: encode_texts(model, s, self.cfg["batch_size"]), self.cfg["data_dir"],
-                                 max_pairs=self.cfg.get("max_pairs"), score=score)
+        return pairs_spearman(lambda s: encode_texts(model, s, self.cfg["batch_size"]), self.pairs, score)
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -173,7 +178,8 @@ def _evaluate_and_report(model, strategy, evaluator, metrics_log, rank, step, la
         print(f"[raoe] step {step}: STS-B dev Spearman {dev:.2f} (best {best:.2f})", flush=True)
         metrics_log.log({DEV_METRIC: dev}, step)
     history = history + [{"step": step, DEV_METRIC: dev, **last}]
-    metrics = {"step": step, **last, DEV_METRIC: dev if dev is not None else float(step),
+    # Without a dev set the score field is absent (never the step number): Ray Train keeps the latest checkpoints.
+    metrics = {"step": step, **last, **({DEV_METRIC: dev} if dev is not None else {}),
                "best_" + DEV_METRIC: best, "total_steps": plan.total_steps}
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from evaluation.sts import stsb_dev_pairs
 from jobconfig.schema import TrainJobConfig, objective_params
 from training.checkpoints import storage_failure
 from training.kinds import FIELD_COLUMNS, KINDS, DataKind
@@ -57,6 +58,7 @@ def check_objective_fits(weights: dict[str, float], params: dict[str, dict], pro
     dummy = {"emb1": torch.randn(4, 8, generator=g), "emb2": torch.randn(4, 8, generator=g),
              "labels": torch.tensor([0, 1, 2, 0]), "scores": torch.tensor([0.9, 0.5, 0.1, 0.7]),
              "ids1": torch.arange(4), "ids2": torch.arange(4, 8), "emb_neg": torch.randn(4, 8, generator=g),
+             "neg_mask": torch.tensor([True, True, False, True]),
              "list_emb": torch.randn(2, 3, 8, generator=g), "list_mask": torch.ones(2, 3, dtype=torch.bool),
              "list_target": torch.rand(2, 3, 3, generator=g), "ids_neg": torch.arange(8, 12),
              "relation": torch.tensor([0, 1, 0, 1]), "relation_table": torch.randn(2, 8, generator=g)}
@@ -65,6 +67,16 @@ def check_objective_fits(weights: dict[str, float], params: dict[str, dict], pro
     except ValueError as exc:
         raise ValueError(f"objective.weights {weights} do not fit this data: {exc}") from None
     return read & set(provided)
+
+
+def check_batch_fits(weights: dict[str, float], global_batch: int) -> None:
+    """Refuse a global batch smaller than an objective needs (one RAOE pair trains to a loss and gradient of 0)."""
+    from objectives.registry import SPECS
+
+    short = {n: SPECS[n].min_rows for n, w in weights.items() if float(w) != 0.0 and SPECS[n].min_rows > global_batch}
+    for name, rows in short.items():
+        raise ValueError(f"trainer.global_batch_size={global_batch} is too small for objective {name!r}: it compares "
+                         f"the rows of a step and needs at least {rows}")
 
 
 def default_run_name(stage: str) -> str:
@@ -118,7 +130,6 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
 
     from data_pipelines.hub import is_hub_source
     from data_pipelines.readers import corpus_files, load_corpus
-    from evaluation.sts import load_task
     from objectives.registry import CompositeObjective
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
@@ -129,15 +140,18 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
     started = time.time()
     params = objective_params(cfg.objective)
     kind, needed = choose_kind(cfg, params)
+    check_batch_fits(cfg.objective.weights, cfg.trainer.global_batch_size)
     if not cfg.data.train and kind.load is None:
         raise ValueError("data.train must name the training data (a file or folder)")
     start_model = cfg.model.init_from or cfg.model.source
     resolve_model(start_model)  # fails here, before any Ray resource, if it cannot be found
     if kind.load is None and not is_hub_source(cfg.data.train):  # a missing path or a format that cannot read it
         corpus_files(cfg.data.train, kind.corpus, cfg.data.format)
-    dev_available = load_task(cfg.eval.data_dir, "STSBenchmark", "dev") is not None
+    dev_pairs = stsb_dev_pairs(cfg.eval.data_dir, cfg.eval.max_pairs)  # read here once, handed to the workers
+    dev_available = dev_pairs is not None
     if not dev_available:
-        print(f"[raoe] no STS-B dev under eval.data_dir={cfg.eval.data_dir!r}: keeping the last checkpoint", flush=True)
+        print(f"[raoe] no STS-B dev under eval.data_dir={cfg.eval.data_dir!r}: no dev score, keeping the latest "
+              f"{cfg.trainer.keep_checkpoints} checkpoint(s) and exporting the last", flush=True)
     run_name = cfg.tracking.run_name or default_run_name(cfg.stage)
     registered = cfg.tracking.registered_model or REGISTERED[cfg.stage]
     storage = cfg.trainer.storage_path
@@ -182,8 +196,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
                 "extras": {k: v for k, v in extras.items() if k not in ("heldout", "counts")},  # driver-side only
                 "threads_per_worker": cfg.trainer.threads_per_worker,
                 "run_folder": f"{storage.rstrip('/')}/{run_name}",  # where Ray Train puts this run's checkpoints
-                "eval": {"select": dev_available, "data_dir": str(Path(cfg.eval.data_dir).resolve()),
-                         "batch_size": cfg.eval.batch_size, "max_pairs": cfg.eval.max_pairs,
+                "eval": {"dev_pairs": ray.put(dev_pairs) if dev_available else None, "batch_size": cfg.eval.batch_size,
                          "relation_weights": getattr(cfg.eval, "relation_weights", None)},
                 "mlflow": {"tracking_uri": tracking_uri(), "run_id": run_id,
                            "retry_seconds": cfg.tracking.retry_seconds},
@@ -200,8 +213,9 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
                 ),
                 run_config=ray.train.RunConfig(
                     name=run_name, storage_path=storage,
-                    checkpoint_config=ray.train.CheckpointConfig(
-                        num_to_keep=cfg.trainer.keep_checkpoints, checkpoint_score_attribute=DEV_METRIC,
+                    checkpoint_config=ray.train.CheckpointConfig(  # by dev score, else the latest
+                        num_to_keep=cfg.trainer.keep_checkpoints,
+                        checkpoint_score_attribute=DEV_METRIC if dev_available else None,
                         checkpoint_score_order="max"),
                     failure_config=ray.train.FailureConfig(max_failures=cfg.trainer.max_failures),
                     worker_runtime_env={"env_vars": _worker_env()}, callbacks=callbacks or None,
@@ -214,7 +228,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
                 if failure is None:
                     raise
                 raise failure from exc
-        best_checkpoint, best_metrics = _best(result)
+        best_checkpoint, best_metrics = _best(result, dev_available)
         final = result.metrics or {}
         out_dir = Path(cfg.output_dir).resolve() / run_name
         with best_checkpoint.as_directory() as folder:
@@ -280,10 +294,11 @@ def _log_finished(finished: dict[str, Any]) -> None:
             mlflow.log_artifact(value)
 
 
-def _best(result):
-    """The best checkpoint by dev Spearman (the latest when there is no dev set: its metric is the step)."""
+def _best(result, by_dev: bool):
+    """The best checkpoint by dev Spearman (ties: the later one), or the latest when the run has no dev set."""
     if result.best_checkpoints:
-        return max(result.best_checkpoints, key=lambda cm: (cm[1].get(DEV_METRIC, float("-inf")), cm[1].get("step", 0)))
+        dev = (lambda m: m.get(DEV_METRIC, float("-inf"))) if by_dev else (lambda m: 0.0)
+        return max(result.best_checkpoints, key=lambda cm: (dev(cm[1]), cm[1].get("step", 0)))
     if result.checkpoint is None:
         raise RuntimeError(f"training reported no checkpoint: {result.error}")
     return result.checkpoint, result.metrics or {}

@@ -107,3 +107,22 @@ def test_gradcheck_cross_entropy_objectives():
     assert torch.autograd.gradcheck(lambda x: relational_loss(x, p, rel, table, n, tau=0.5), (a,))
     target = torch.tensor([[3.0, 2.0, 2.0, 0.0]] * 5, dtype=torch.float64)
     assert torch.autograd.gradcheck(lambda x: listmle_loss(x, target), (a,))
+
+
+def test_hince_leaves_missing_aligned_negatives_out_of_every_softmax():
+    """Anchors the SAN guard left without a negative train with a placeholder row that no softmax sees."""
+    anchor, positive, negative = tensors(7, (5, 6), (5, 6), (5, 6))
+    mask = torch.tensor([True, False, True, True, False])
+    tau1, tau2 = 0.05, 0.08
+    cos = lambda a, b: float(a @ b / (a.norm() * b.norm()))  # noqa: E731
+    want = []
+    for i in range(5):
+        logits = [cos(anchor[i], positive[j]) / tau1 for j in range(5)]
+        logits += [cos(anchor[i], negative[j]) / tau2 for j in range(5) if mask[j]]
+        want.append(-logits[i] + np.log(np.sum(np.exp(logits))))
+    got = hince_loss(anchor, positive, negative, tau1=tau1, tau2=tau2, negative_mask=mask)
+    assert got.item() == pytest.approx(np.mean(want), rel=1e-12)
+    everything = hince_loss(anchor, positive, negative, tau1=tau1, tau2=tau2)
+    assert everything.item() != pytest.approx(got.item(), rel=1e-3)  # the placeholders would count otherwise
+    all_real = hince_loss(anchor, positive, negative, tau1=tau1, tau2=tau2, negative_mask=torch.ones(5, dtype=torch.bool))
+    assert all_real.item() == pytest.approx(everything.item(), rel=1e-12)

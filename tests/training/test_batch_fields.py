@@ -41,3 +41,20 @@ def test_workers_with_and_without_s_issue_the_same_gathers(monkeypatch):
         sequences.append(list(calls))
     assert sequences[0] == sequences[1] and len(sequences[0]) == 4  # scores, labels, ids1, ids2 on both
     assert np.isnan(batch.scores[1].item())  # the gap is kept, and the objective then refuses it by name
+
+
+@pytest.mark.parametrize("weights, refused", [({"rank_margin": 1.0, "gated_angle": 1.0}, "rank_margin"),
+                                              ({"cosent": 1.0}, "cosent"), ({"infonce": 1.0}, "infonce"),
+                                              ({"hince": 1.0}, "hince"), ({"relational": 1.0}, "relational")])
+def test_a_one_row_batch_is_refused_for_objectives_that_compare_rows(weights, refused, tmp_path):
+    """One RAOE pair per step once trained to status ok with loss 0 and gradient norm 0 at every step."""
+    from tests.training.conftest import tiny_config
+    from training.run import check_batch_fits, run_training
+
+    with pytest.raises(ValueError, match=f"trainer.global_batch_size=1 is too small for objective '{refused}'"):
+        check_batch_fits(weights, 1)
+    check_batch_fits(weights, 2)
+    check_batch_fits({"listmle": 1.0}, 1)  # ranks within each list
+    if refused == "rank_margin":  # the job refuses it before any Ray resource (no Ray is running here)
+        with pytest.raises(ValueError, match="trainer.global_batch_size=1 is too small for objective 'rank_margin'"):
+            run_training(tiny_config(tmp_path, "one-row", "trainer.global_batch_size=1"))

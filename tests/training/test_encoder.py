@@ -87,3 +87,19 @@ def test_length_buckets_give_the_one_pass_embeddings_in_input_order(tiny_path, b
     assert torch.allclose(got.detach(), want, atol=1e-5)
     got.sum().backward()  # one graph through every bucket's forward
     assert model[0].auto_model.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("buckets", [2, 3, 4])
+def test_length_buckets_run_exactly_buckets_passes_for_any_text_count(tiny_path, buckets):
+    """Workers that agreed on ``buckets`` must run the same number of forward passes (each is a collective under
+    DDP and ZeRO-3) whatever their text counts: 9 texts in 4 buckets once ran 3 passes where 8 texts ran 4."""
+    from encoders.backbone import embed_by_length
+
+    model = build_encoder(tiny_path, pooling="mean", dropout=0.0)
+    calls = []
+    hook = model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    for count in range(2 * buckets, 5 * buckets + 2):
+        calls.clear()
+        embed_by_length(model, model, (TEXTS * 10)[:count], buckets=buckets)
+        assert len(calls) == buckets, count
+    hook.remove()

@@ -47,14 +47,22 @@ def _config(root, name, data, *overrides):
         "model.dropout=0.0", "trainer.max_steps=2", "trainer.eval_every=2", "trainer.warmup_ratio=0.0", *overrides])
 
 
-def test_posttraining_is_the_same_on_one_and_two_workers(train_env, tmp_path):
+@pytest.mark.parametrize("strategy", [("trainer.strategy=ddp",),
+                                      ("trainer.strategy=deepspeed", "trainer.zero_stage=3")], ids=["ddp", "zero-3"])
+def test_posttraining_is_the_same_on_one_and_two_workers(train_env, tmp_path, strategy):
+    """Lists of 2 and 6 sentences alternate, 2 lists a step: one worker holds 2 texts (one forward pass), the other
+    6 (two length buckets on its own). Each forward pass is a collective (DDP buffers, ZeRO-3 weights), so the
+    workers must agree on the pass count, else the run hangs in its next all-gather."""
     from training.run import run_training
 
-    data = tmp_path / "lists.jsonl"  # lengths 3..6, so workers hold lists of different lengths
-    data.write_text("".join(json.dumps({"sentences": x[: 3 + i % 4]}) + "\n" for i, x in enumerate(LISTS[:16])))
-    one = run_training(_config(train_env, "lists-1", data))
-    two = run_training(_config(train_env, "lists-2", data, "trainer.num_workers=2"))
-    assert one["registered_model"] == "raoe-lists" and two["plan"]["micro_batch"] == 2
+    data = tmp_path / "lists.jsonl"
+    data.write_text("".join(json.dumps({"sentences": x[: 2 if i % 2 == 0 else 6]}) + "\n"
+                            for i, x in enumerate(LISTS[:8])))
+    sizes = ("trainer.global_batch_size=2", "trainer.length_buckets=2")
+    one = run_training(_config(train_env, f"lists-1-{strategy[-1]}", data, *sizes))
+    two = run_training(_config(train_env, f"lists-2-{strategy[-1]}", data, *sizes, "trainer.num_workers=2",
+                               *strategy))
+    assert one["registered_model"] == "raoe-lists" and two["plan"]["micro_batch"] == 1
     for key in ("train_loss", "grad_norm"):
         expected, got = metric_by_step(one["run_id"], key), metric_by_step(two["run_id"], key)
         assert got[1] == pytest.approx(expected[1], rel=1e-5), key

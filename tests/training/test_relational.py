@@ -87,3 +87,18 @@ def test_registered_model_scores_with_its_relations_and_dev_used_them(runs, dev_
     card = (Path(resolve_model(one["model_uri"])) / "README.md").read_text()  # raoe's card, not the flavor's
     assert "Wang & Li, Relational Sentence Embedding" in card and "| entailment |" in card
     assert "RelationalEncoder(" in card and "Base model: `tiny:bert`" in card
+
+
+def test_relation_weights_naming_a_relation_the_corpus_lacks_are_refused_before_training(train_env, tmp_path):
+    """Found on the driver from the corpus's relations, not by a worker at its first dev evaluation."""
+    from training.run import run_training
+
+    entailment = tmp_path / "entailment.jsonl"
+    entailment.write_text("".join(line + "\n" for line in (ROOT / "configs/tiny/data/triples.jsonl").read_text()
+                                  .splitlines() if '"entailment"' in line))
+    cfg = relational_config(train_env, "rse-unknown-weight", f"data.train={entailment}",
+                            "eval.relation_weights={entailment: 1.0, duplicate_question: 0.5}")
+    with pytest.raises(ValueError, match=r"eval.relation_weights names relation\(s\) \['duplicate_question'\].*"
+                                         r"their relations: \['entailment', 'same-sent'\]"):
+        run_training(cfg)
+    assert not (train_env / "runs" / "rse-unknown-weight").exists()  # no worker group ever started

@@ -1,6 +1,7 @@
 """Unsupervised SimCSE and SimCSE+SAN: dropout views as positives, aligned negatives at their own dropout p2, HiNCE
 reducing to InfoNCE with hard negatives, and the job on 1 and 2 workers (one of them killed and resumed)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -55,6 +56,39 @@ def test_hince_with_equal_temperatures_and_dropouts_is_infonce_with_hard_negativ
     assert hince.item() == pytest.approx(infonce.item(), rel=1e-6)
     tau2, _ = CompositeObjective({"hince": 1.0}, {"hince": {"tau1": 0.05, "tau2": 0.08}})(batch)
     assert tau2.item() != pytest.approx(infonce.item(), rel=1e-3)
+
+
+def _hince_loss_and_grad_norm(checkpointing: bool) -> tuple[float, float]:
+    model = build_encoder(resolve_model_source("tiny:bert"), dropout=0.1, gradient_checkpointing=checkpointing)
+    model.train()
+    torch.manual_seed(3)
+    # tau2 = tau1: at the paper's 0.08 a random tiny encoder gives the negatives ~1e-3 of the softmax, too little
+    # gradient for the claim to show
+    objective = CompositeObjective({"hince": 1.0}, {"hince": {"tau1": 0.05, "tau2": 0.05}})
+    loss, _ = objective(sentences_batch(model, model, BATCH, "cpu", negative_dropout=0.4))
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return loss.item(), torch.nn.utils.get_total_norm(grads).item()
+
+
+def test_gradient_checkpointing_recomputes_the_negatives_at_their_own_dropout():
+    """The negatives' p2 is set only around their forward; the checkpointed recompute in backward must use it too
+    (it once ran at model.dropout)."""
+    plain, checkpointed = _hince_loss_and_grad_norm(False), _hince_loss_and_grad_norm(True)
+    assert checkpointed[0] == pytest.approx(plain[0], rel=1e-6)
+    assert checkpointed[1] == pytest.approx(plain[1], rel=1e-5)
+
+
+def test_anchors_without_an_aligned_negative_stay_in_the_batch_masked():
+    model = _model(0.0)
+    rows = {"text": BATCH["text"], "negative": np.array([n if i % 3 else None for i, n in enumerate(BATCH["negative"])],
+                                                        dtype=object)}
+    batch = sentences_batch(model, model, rows, "cpu", negative_dropout=0.0)
+    assert batch.neg_mask.tolist() == [False, True, True, False, True, True]
+    assert batch.emb_neg.shape == batch.emb1.shape  # one row per anchor: every worker encodes the same count
+    masked, _ = CompositeObjective({"hince": 1.0})(batch)
+    assert torch.isfinite(masked) and masked.item() != pytest.approx(
+        CompositeObjective({"hince": 1.0})(dataclasses.replace(batch, neg_mask=None))[0].item(), rel=1e-4)
 
 
 def _config(root, name, *overrides):
