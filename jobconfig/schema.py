@@ -185,7 +185,9 @@ class UnsupervisedJobConfig(TrainJobConfig):
 
 class PosttrainSection(Section):
     teacher: str | None = Field(None, description="encoder whose similarity matrix of each list gives the ListMLE "
-                                "targets (path, pypi:, models:/...); null = the start model, frozen")
+                                "targets (path, pypi:, models:/...; loaded as sentence-transformers loads it); null = "
+                                "the start model, frozen, encoding as training does (model.pooling, prompt, "
+                                "padding_side, max_length)")
     teacher_cpus: float = Field(0.5, gt=0, description="CPUs of the teacher-scoring actor before training")
     teacher_trust_remote_code: bool | None = Field(None, description="trust_remote_code for the "
                                                    "teacher; null = as model.trust_remote_code")

@@ -171,18 +171,27 @@ def _sentences_with_negatives(ds, cfg, start_model: str):
 
 class ListTeacher:
     """Ray Data actor: the teacher's cosine matrix of each list's sentences, flattened row-major (the ListMLE
-    targets are refined from it during training)."""
+    targets are refined from it during training). With ``encoder`` (build_encoder's arguments from the model section)
+    the teacher is the start model encoding exactly as the training encoder does at step 0: its pooling, prompt
+    template, padding side and max length; else a named teacher (posttrain.teacher) as sentence-transformers loads it."""
 
-    def __init__(self, source: str, batch_size: int, trust_remote_code: bool = False):
-        from data_pipelines.teachers import TeacherConfig, TeacherEncoder
+    def __init__(self, source: str, batch_size: int, trust_remote_code: bool = False, encoder: dict | None = None):
+        if encoder is not None:
+            from encoders.backbone import build_encoder, encode_texts
 
-        self.encoder = TeacherEncoder(TeacherConfig(name="teacher", source=source, batch_size=batch_size,
-                                                    trust_remote_code=trust_remote_code))
+            model = build_encoder(source, trust_remote_code=trust_remote_code, **encoder)
+            model.eval()
+            self.encode = lambda sentences: encode_texts(model, sentences, batch_size)
+        else:
+            from data_pipelines.teachers import TeacherConfig, TeacherEncoder
+
+            self.encode = TeacherEncoder(TeacherConfig(name="teacher", source=source, batch_size=batch_size,
+                                                       trust_remote_code=trust_remote_code)).encode
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         sims = []
         for sentences in batch["sentences"]:
-            emb = self.encoder.encode([str(s) for s in sentences])
+            emb = np.asarray(self.encode([str(s) for s in sentences]), dtype=np.float64)
             emb = emb / np.linalg.norm(emb, axis=1, keepdims=True).clip(min=1e-12)
             sims.append((emb @ emb.T).astype(np.float32).ravel())
         column = np.empty(len(sims), dtype=object)  # one flat n*n array per list, lists of any length
@@ -198,15 +207,25 @@ def teacher_trusts_code(cfg) -> bool:
     return cfg.model.trust_remote_code if remote is None else remote
 
 
+def list_teacher_kwargs(cfg, start_model: str) -> dict:
+    """ListTeacher's arguments: ``posttrain.teacher`` as named, or the frozen start model built as training builds
+    it (without dropout, adapters or quantization: a new LoRA adapter is zero at step 0)."""
+    from tracking.registry import resolve_model
+
+    kwargs = {"source": resolve_model(cfg.posttrain.teacher or start_model), "batch_size": 64,
+              "trust_remote_code": teacher_trusts_code(cfg)}
+    if cfg.posttrain.teacher is None:
+        model = cfg.model
+        kwargs["encoder"] = {"pooling": model.pooling, "max_length": model.max_length, "prompt": model.prompt,
+                             "padding_side": model.padding_side}
+    return kwargs
+
+
 def _lists(ds, cfg, start_model: str):
     """Each ranked list with its teacher similarity matrix: ``posttrain.teacher``, or the start model, frozen."""
     import ray
 
-    from tracking.registry import resolve_model
-
-    teacher = resolve_model(cfg.posttrain.teacher or start_model)
-    return ds.map_batches(ListTeacher, fn_constructor_kwargs={"source": teacher, "batch_size": 64,
-                                                              "trust_remote_code": teacher_trusts_code(cfg)},
+    return ds.map_batches(ListTeacher, fn_constructor_kwargs=list_teacher_kwargs(cfg, start_model),
                           batch_size=64, compute=ray.data.ActorPoolStrategy(size=1),
                           num_cpus=cfg.posttrain.teacher_cpus, batch_format="numpy")
 

@@ -67,3 +67,28 @@ def test_posttraining_is_the_same_on_one_and_two_workers(train_env, tmp_path, st
         expected, got = metric_by_step(one["run_id"], key), metric_by_step(two["run_id"], key)
         assert got[1] == pytest.approx(expected[1], rel=1e-5), key
         assert got[2] == pytest.approx(expected[2], rel=5e-3), key  # one AdamW step apart (test_distributed.py)
+
+
+@pytest.mark.parametrize("model", [
+    ("model.source=tiny:bert", "model.pooling=cls"),
+    ("model.source=tiny:qwen2", "model.pooling=last_token", "model.padding_side=left",
+     "model.prompt='This sentence: \"{text}\" means in one word:'", "model.max_length=24"),
+], ids=["cls-pooled bert", "prompted causal lm"])
+def test_the_default_teacher_is_the_start_model_encoding_as_training_does(tmp_path, model):
+    """The targets come from the frozen start model's similarities: its pooling, prompt and padding, not
+    sentence-transformers' defaults for a plain checkpoint (mean pooling, no prompt, 128 tokens)."""
+    import numpy as np
+
+    from encoders.backbone import build_encoder, encode_texts
+    from tracking.registry import resolve_model
+    from training.kinds import ListTeacher, list_teacher_kwargs
+
+    cfg = _config(tmp_path, "teacher", tmp_path / "lists.jsonl", *model)
+    lists = [LISTS[0][:4], LISTS[1][:3]]
+    out = ListTeacher(**list_teacher_kwargs(cfg, cfg.model.source))({"sentences": np.array(lists, dtype=object)})
+    student = build_encoder(resolve_model(cfg.model.source), pooling=cfg.model.pooling, max_length=cfg.model.max_length,
+                            prompt=cfg.model.prompt, padding_side=cfg.model.padding_side, dropout=0.0)
+    for sentences, got in zip(lists, out["teacher_sim"]):
+        emb = encode_texts(student, sentences)
+        emb = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+        np.testing.assert_allclose(got.reshape(len(sentences), -1), emb @ emb.T, atol=1e-5)
