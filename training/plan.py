@@ -23,7 +23,9 @@ class StepPlan:
     global_batch: int  # rows per optimizer step over all workers
     grad_accum: int  # micro-batches per optimizer step
     micro_batch: int  # rows per worker per micro-batch
-    steps_per_epoch: int  # full global batches per pass; the remainder rows of a pass wait for the next one
+    # Full global batches per pass. The remainder rows (rows % global_batch) sit out that pass: each pass is a fresh
+    # permutation, so which rows sit out changes from pass to pass, and nothing is carried over.
+    steps_per_epoch: int
     total_steps: int
     warmup_steps: int
 

@@ -7,7 +7,7 @@ from training.plan import plan_steps
 def test_steps_split_the_global_batch_over_workers_and_accumulation():
     plan = plan_steps(1000, world=2, global_batch=64, grad_accum=2, epochs=3, warmup_ratio=0.1)
     assert plan.micro_batch == 16  # 64 pairs = 2 workers x 2 micro-batches x 16
-    assert plan.steps_per_epoch == 1000 // 64 == 15  # the 40 remainder rows of a pass wait for the next pass
+    assert plan.steps_per_epoch == 1000 // 64 == 15  # the 40 remainder rows sit out that pass
     assert plan.total_steps == 45 and plan.warmup_steps == 4
 
 
@@ -49,3 +49,13 @@ def test_max_steps_overrides_epochs():
 def test_impossible_numbers_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         plan_steps(100, **kwargs)
+
+
+def test_the_remainder_rows_of_a_pass_sit_it_out_and_are_not_carried_to_the_next():
+    """120 rows in steps of 32: 24 rows sit out each pass; the next pass starts a fresh permutation, not with them."""
+    plan = plan_steps(120, world=2, global_batch=32, max_steps=6)
+    passes = [np.concatenate([np.concatenate(_step_rows(plan, 7, s)) for s in range(e * 3, e * 3 + 3)]) for e in (0, 1)]
+    left_out = set(range(120)) - set(passes[0].tolist())
+    assert len(left_out) == 24
+    assert not left_out <= set(passes[1][:24].tolist())  # not first in line in the next pass
+    assert left_out != set(range(120)) - set(passes[1].tolist())  # a different remainder sits out the next pass
