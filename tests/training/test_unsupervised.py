@@ -138,3 +138,17 @@ def test_hince_needs_aligned_negatives_and_says_so(train_env, tmp_path):
     plain.write_text("".join(f"{r['text']}\n" for r in ROWS * 6))
     with pytest.raises(ValueError, match="have no 'negative'"):
         run_training(_config(train_env, "unsup-no-neg", f"data.train={plain}", "trainer.global_batch_size=8"))
+
+
+def test_a_san_corpus_with_guarded_anchors_trains_on_every_anchor(train_env, tmp_path):
+    """generate_san keeps anchors its guard left without a negative; HiNCE trains on all of them."""
+    from training.run import run_training
+
+    rows = [json.loads(line) for line in SAN.read_text().splitlines()[:32]]
+    corpus = tmp_path / "guarded.jsonl"
+    corpus.write_text("".join(json.dumps({"text": r["text"], "negative": r["negative"] if i % 4 else None}) + "\n"
+                              for i, r in enumerate(rows)))
+    out = run_training(_config(train_env, "unsup-guarded", f"data.train={corpus}", "trainer.global_batch_size=8",
+                               "trainer.max_steps=2", "model.negative_dropout=0.2"))
+    assert out["rows_written"] == 32 and out["metrics"]["steps"] == 2
+    assert out["metrics"]["train_loss"] > 0
