@@ -120,12 +120,12 @@ def main() -> None:
             print(json.dumps(out))
             return
         san = generate(workdir, "train", args.sentences, 1)
-        out["negatives"] = {k: san[k] for k in ("rows_in", "rows_written", "rows_guarded", "guarded",
+        out["negatives"] = {k: san[k] for k in ("rows_in", "rows_written", "rows_with_negative", "rows_guarded", "guarded",
                                                 "changed_share_by_pos", "mean_token_overlap", "sentences_per_second")}
         frame = pd.read_parquet(san["output_path"])
-        out["examples"] = frame[["text", "negative"]].head(8).to_dict("records")
+        out["examples"] = frame[frame["negative"].notna()][["text", "negative"]].head(8).to_dict("records")
         print(f"[bench] negatives: {out['negatives']}", flush=True)
-        # Equal data for both: the sentences that got a negative, SimCSE ignoring the negatives.
+        # Equal data for both: every anchor (guarded ones without a negative), SimCSE ignoring the negatives.
         runs = {}
         for name, objective in (("simcse", "infonce"), ("simcse+san", "hince")):
             run = train(workdir, name, Path(san["output_path"]), objective, args.steps, args.batch)
@@ -138,7 +138,8 @@ def main() -> None:
         "# SAN: LLM negatives (SmolLM2-135M) and SimCSE vs SimCSE+SAN from the MiniLM student", "",
         f"Machine: {machine()}.", "", *_throughput_table(out)[1:], "",
         f"## Negatives for training ({args.sentences} SNLI dev sentences)", "",
-        f"written {san['rows_written']}, guarded {san['rows_guarded']} {san['guarded']}; mean word overlap "
+        f"written {san['rows_written']} ({san['rows_with_negative']} with a negative, {san['rows_guarded']} guarded "
+        f"{san['guarded']}); mean word overlap "
         f"{san['mean_token_overlap']:.3f}; share of words changed by POS: {san['changed_share_by_pos']}", "",
         *[f"- {e['text']} -> {e['negative']}" for e in out["examples"]], "",
         f"## Unsupervised training, {args.steps} steps x {args.batch}, lr 3e-5, dropout 0.1 (p2 0.2, tau2 0.08)", "",

@@ -1,8 +1,10 @@
 """Syntactically aligned negatives (SAN) for a sentence corpus: mask-and-fill with a masked LM by POS importance
 (san.method: mlm, the paper's Sec. 3.1) or rewriting by a causal LM with the paper's Table 12 prompt (san.method:
-llm, Appendix G), on a Ray Data actor pool. Writes text + negative (+ overlap) for ray_jobs/unsupervised.py;
-guarded rows (too short, mostly punctuation, unchanged, unparseable) go to guarded.jsonl with their reason, bad
-input lines to quarantine.jsonl: rows_written + rows_guarded + rows_quarantined = rows_in.
+llm, Appendix G), on a Ray Data actor pool. Writes every valid anchor (text, negative, negative_reason, overlap) for
+ray_jobs/unsupervised.py: the paper trains SimCSE+SAN on all of Wiki1M, so a guarded anchor (too short, mostly
+punctuation, unchanged, unparseable) stays in the corpus with negative null and the reason in negative_reason (also
+listed in guarded.jsonl); bad input lines go to quarantine.jsonl. rows_written + rows_quarantined = rows_in and
+rows_with_negative + rows_guarded = rows_written; the statistics, plot and examples cover the rows with a negative.
 
   python ray_jobs/generate_san.py --config configs/generate_san/snli-llm-cpu.yaml
   python ray_jobs/generate_san.py --config configs/tiny/generate_san.yaml --set san.tagging=dynamic
@@ -18,6 +20,8 @@ from jobconfig import parse_job_args
 from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, TrackingConfig
 from runtime.result import run_job
 
+COLUMNS = ("text", "negative", "negative_reason", "overlap")
+
 
 class GenerateSanJobConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig, description="the sentence corpus (data.train, format, ...)")
@@ -32,7 +36,6 @@ class GenerateSanJobConfig(Section):
 
 def main(cfg: GenerateSanJobConfig) -> dict:
     import json
-    import shutil
     import time
     from pathlib import Path
 
@@ -61,24 +64,20 @@ def main(cfg: GenerateSanJobConfig) -> dict:
         ds = ds.repartition(max(cfg.san.actors, -(-report.rows_written // cfg.batch_rows))).materialize()
         frame = generate_negatives(ds, cfg.san, cfg.batch_rows).to_pandas()
     seconds = time.time() - started
-    written, guarded = frame[frame["guard"].isna()], frame[frame["guard"].notna()]
-    shutil.rmtree(out / "data", ignore_errors=True)
-    (out / "data").mkdir(parents=True)
-    columns = ["text", "negative", "overlap"]
-    if cfg.output_format == "parquet":
-        written[columns].to_parquet(out / "data" / "san.parquet", index=False)
-    else:
-        written[columns].to_json(out / "data" / "san.jsonl", orient="records", lines=True, force_ascii=False)
+    corpus = with_reasons(frame)
+    written, guarded = frame[frame["guard"].isna()], corpus[corpus["negative_reason"].notna()]
+    write_corpus(corpus, out / "data", cfg.output_format)
     with open(out / "guarded.jsonl", "w", encoding="utf-8") as f:
         for row in guarded.itertuples():
-            f.write(json.dumps({"text": row.text, "reason": row.guard}) + "\n")
+            f.write(json.dumps({"text": row.text, "reason": row.negative_reason}) + "\n")
     stats = summarise(written)
     picture = plot(stats, written["overlap"].to_numpy(), out / "san_changes.png")
     examples = written[["text", "negative"]].head(cfg.examples).to_dict("records")
-    counts = {"rows_in": report.rows_in, "rows_written": len(written), "rows_guarded": len(guarded),
-              "rows_quarantined": report.rows_quarantined}
-    assert counts["rows_written"] + counts["rows_guarded"] + counts["rows_quarantined"] == counts["rows_in"]
-    guard_counts = {r: int((guarded["guard"] == r).sum()) for r in GUARD_REASONS}
+    counts = {"rows_in": report.rows_in, "rows_written": len(corpus), "rows_with_negative": len(written),
+              "rows_guarded": len(guarded), "rows_quarantined": report.rows_quarantined}
+    assert counts["rows_written"] + counts["rows_quarantined"] == counts["rows_in"]
+    assert counts["rows_with_negative"] + counts["rows_guarded"] == counts["rows_written"]
+    guard_counts = {r: int((guarded["negative_reason"] == r).sum()) for r in GUARD_REASONS}
     with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
         mlflow.log_params({"data.train": cfg.data.train, **{f"san.{k}": str(v)[:500]
                                                              for k, v in cfg.san.model_dump().items()}})
@@ -89,7 +88,7 @@ def main(cfg: GenerateSanJobConfig) -> dict:
                                if stats["mean_token_overlap"] is not None else {})})
         mlflow.log_dict({**stats, "guarded": guard_counts, "examples": examples}, "san_statistics.json")
         mlflow.log_artifact(str(picture))
-        mlflow.log_input(mlflow.data.from_pandas(written[columns], source=str(out / "data"), name="san-negatives"),
+        mlflow.log_input(mlflow.data.from_pandas(corpus, source=str(out / "data"), name="san-negatives"),
                          context="generated")
     return {
         **counts, "guarded": guard_counts, "output_path": str(out / "data"), "output_format": cfg.output_format,
@@ -98,6 +97,32 @@ def main(cfg: GenerateSanJobConfig) -> dict:
         "sentences_per_second": report.rows_written / seconds, "seconds": seconds, "plot": str(picture),
         "examples": examples[:5], "run_id": run.info.run_id,
     }
+
+
+def with_reasons(frame):
+    """The job's columns in order: a guarded row keeps its anchor, with no negative and the guard's reason."""
+    corpus = frame.rename(columns={"guard": "negative_reason"})[list(COLUMNS)]
+    guarded = corpus["negative_reason"].notna()
+    corpus["negative"] = corpus["negative"].astype(object).where(~guarded, None)
+    corpus["negative_reason"] = corpus["negative_reason"].astype(object).where(guarded, None)
+    return corpus
+
+
+def write_corpus(corpus, folder, output_format: str) -> None:
+    """data/san.(parquet|jsonl), replacing an older corpus; strings with nulls even where a column is all null."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    if output_format == "parquet":
+        schema = pa.schema([("text", pa.string()), ("negative", pa.string()), ("negative_reason", pa.string()),
+                            ("overlap", pa.float64())])
+        pq.write_table(pa.Table.from_pandas(corpus, schema=schema, preserve_index=False), folder / "san.parquet")
+    else:
+        corpus.to_json(folder / "san.jsonl", orient="records", lines=True, force_ascii=False)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """SAN negatives: POS-importance masking rates, static vs dynamic tagging, fill only masked words with the anchor's
-casing, reproducible seeds, the guard, LLM output parsing, and every input row accounted for by the job."""
+casing, reproducible seeds, the guard, LLM output parsing, and every valid anchor kept in the job's corpus."""
 
 import json
 from collections import Counter
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from data_pipelines.san import (
+    GUARD_REASONS,
     POS_IMPORTANCE,
     LlmRewriter,
     MaskFiller,
@@ -23,6 +24,19 @@ from encoders.sources import resolve_model_source
 
 ROOT = Path(__file__).resolve().parents[2]
 SENTENCES = [json.loads(x)["text"] for x in (ROOT / "configs/tiny/data/sentences_san.jsonl").read_text().splitlines()]
+# Function words whose Penn tag alone misleads (VBZ 'is' -> VERB, RB 'not' -> ADV, IN 'because' -> ADP), in sentences
+# whose nouns and verbs are unambiguous alone too.
+FUNCTION_WORDS = {"AUX": "is are was were be been has have do does did will would can could should might must",
+                  "PART": "not n't to", "SCONJ": "because although if while since", "DET": "the a this every"}
+FUNCTION_SENTENCES = [
+    "The dog is running in the city.", "They are eating apples.", "It was raining in the city.",
+    "We were sleeping in a tent.", "It will be fine.", "It has been raining all day.", "She has eaten the bread.",
+    "They have finished the bread.", "Do you know the man?", "He does not drink tea.", "We did not see the car.",
+    "She would buy a car.", "I can swim in the sea.", "He could read the letter.", "You should see a doctor.",
+    "The child might cry.", "You must leave the room.", "I don't want to go.", "She stayed inside because it rained.",
+    "Although it rained, we played.", "If you ask, we stay.", "He sang while she danced.",
+    "Since you asked, I will tell you.", "This car is red.", "Every child likes the game.", "A girl reads a letter.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +65,33 @@ def test_static_and_dynamic_tagging_agree_on_unambiguous_words():
     words, spaces = words_of(static.nlp, "The dog quickly eats two beautiful apples in a garden.")
     want = ["DET", "NOUN", "ADV", "VERB", "NUM", "ADJ", "NOUN", "ADP", "DET", "NOUN", "PUNCT"]
     assert static(words, spaces) == dynamic(words, spaces) == want  # 'the' is DET, not the PRON of a lone 'the'
+
+
+def test_static_tagging_agrees_with_dynamic_on_function_words():
+    static, dynamic = Tagger("static"), Tagger("dynamic")
+    for text in FUNCTION_SENTENCES:
+        words, spaces = words_of(static.nlp, text)
+        assert static(words, spaces) == dynamic(words, spaces), text
+    for pos, words in FUNCTION_WORDS.items():
+        assert {w: static([w], [""])[0] for w in words.split()} == dict.fromkeys(words.split(), pos)
+
+
+def test_function_words_are_masked_at_their_table_2_rate(filler):
+    """Static tagging (the default): 'is' masked with p = AUX 4 / 20 per round, not VERB 9 / 20."""
+    pos_of = {w: pos for pos, words in FUNCTION_WORDS.items() for w in words.split()}
+    masked, seen = Counter(), Counter()
+    for iteration in range(100):
+        for text in FUNCTION_SENTENCES:
+            words, spaces = words_of(filler.tagger.nlp, text)
+            tags, chosen = filler.choose_masks(text, words, spaces, iteration)
+            for index, word in enumerate(words):
+                if word.lower() in pos_of:
+                    assert tags[index] == pos_of[word.lower()], (text, word)
+                    seen[tags[index]] += 1
+                    masked[tags[index]] += index in set(chosen)
+    for tag, n in seen.items():
+        p = POS_IMPORTANCE[tag] / 20
+        assert abs(masked[tag] / n - p) < 4 * np.sqrt(p * (1 - p) / n), (tag, masked[tag] / n, p)
 
 
 def test_fill_changes_only_masked_words_and_keeps_casing_and_spacing(filler):
@@ -100,29 +141,64 @@ def test_llm_answers_are_parsed_and_every_sentence_gets_one():
     assert len(out) == 5 and all(isinstance(x, str) for x in out)
 
 
-def test_job_accounts_for_every_input_row(ray_local, tmp_path, monkeypatch):
+def _generate_san_job():
     import sys
 
     sys.path.insert(0, str(ROOT / "ray_jobs"))
     try:
-        from generate_san import GenerateSanJobConfig, main
+        import generate_san
     finally:
         sys.path.remove(str(ROOT / "ray_jobs"))
+    return generate_san
+
+
+def test_job_keeps_every_valid_anchor(ray_local, tmp_path, monkeypatch):
+    """Guarded anchors stay in the corpus (negative None, the guard's reason), like the paper's whole Wiki1M."""
+    import pyarrow.parquet as pq
+
+    job = _generate_san_job()
     corpus = tmp_path / "wiki.txt"
     corpus.write_bytes("\n".join(SENTENCES[:30]).encode() + b"\n?!\n\xff broken line\nToo short.\n...\nOk then it is.\n")
-    cfg = GenerateSanJobConfig(data={"train": str(corpus), "on_bad_record": "quarantine"},
-                               san={"model": "tiny:bert-mlm", "iterations": 2, "cpus_per_actor": 0.5},
-                               output_dir=str(tmp_path / "san"), tracking={"experiment": "raoe-test"})
+    cfg = job.GenerateSanJobConfig(data={"train": str(corpus), "on_bad_record": "quarantine"},
+                                   san={"model": "tiny:bert-mlm", "iterations": 2, "cpus_per_actor": 0.5},
+                                   output_dir=str(tmp_path / "san"), tracking={"experiment": "raoe-test"})
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
-    result = main(cfg)
+    result = job.main(cfg)
     assert result["rows_in"] == 35 and result["rows_quarantined"] == 3  # '?!', bad UTF-8, '...'
-    assert result["rows_written"] + result["rows_guarded"] + result["rows_quarantined"] == result["rows_in"]
-    assert result["guarded"]["too_short"] == 1  # 'Too short.' has 2 words
+    assert result["rows_written"] == result["rows_in"] - result["rows_quarantined"] == 32
+    assert result["rows_with_negative"] + result["rows_guarded"] == result["rows_written"]
+    assert result["guarded"]["too_short"] == 1 and sum(result["guarded"].values()) == result["rows_guarded"]
+    table = pq.read_table(result["output_path"])
+    assert table.column_names == ["text", "negative", "negative_reason", "overlap"]
+    rows = table.to_pylist()
+    assert len(rows) == result["rows_written"] and "Too short." in {r["text"] for r in rows}
+    with_negative = [r for r in rows if r["negative"] is not None]
+    assert len(with_negative) == result["rows_with_negative"] > 0
+    assert all(r["negative_reason"] is None and r["negative"] != r["text"] for r in with_negative)
+    guarded_rows = [r for r in rows if r["negative"] is None]
+    assert all(r["negative_reason"] in GUARD_REASONS for r in guarded_rows)
+    assert {r["text"]: r["negative_reason"] for r in guarded_rows}["Too short."] == "too_short"
     guarded = [json.loads(x) for x in open(result["guarded_path"])]
-    assert len(guarded) == result["rows_guarded"] and {"text", "reason"} <= set(guarded[0])
+    assert [(g["text"], g["reason"]) for g in guarded] == [(r["text"], r["negative_reason"]) for r in guarded_rows]
+    assert set(result["changed_share_by_pos"]) >= {"NOUN", "DET"} and Path(result["plot"]).exists()
+    assert all(e["negative"] for e in result["examples"])
+
+
+@pytest.mark.parametrize("output_format", ["parquet", "jsonl"])
+def test_guarded_rows_read_back_as_sentences_without_a_negative(ray_local, tmp_path, output_format):
     import pandas as pd
 
-    written = pd.read_parquet(result["output_path"])
-    assert len(written) == result["rows_written"] and (written["text"] != written["negative"]).all()
-    assert set(result["changed_share_by_pos"]) >= {"NOUN", "DET"} and Path(result["plot"]).exists()
+    from data_pipelines.readers import load_corpus
+
+    job = _generate_san_job()
+    frame = pd.DataFrame({"text": ["A man sits on a bench.", "Too short.", "A dog runs in the park."],
+                          "negative": [None, None, "A cat sleeps in the house."],
+                          "guard": ["unchanged", "too_short", None], "overlap": [float("nan")] * 2 + [0.5],
+                          "changes": ["{}"] * 3})
+    job.write_corpus(job.with_reasons(frame), tmp_path / "data", output_format)
+    ds, report = load_corpus("sentences", tmp_path / "data")
+    assert report.rows_written == 3 and report.rows_quarantined == 0
+    rows = {r["text"]: r["negative"] for r in ds.take_all()}
+    assert rows == {"A man sits on a bench.": None, "Too short.": None,
+                    "A dog runs in the park.": "A cat sleeps in the house."}
