@@ -47,21 +47,30 @@ def _config(root, name, data, *overrides):
         "model.dropout=0.0", "trainer.max_steps=2", "trainer.eval_every=2", "trainer.warmup_ratio=0.0", *overrides])
 
 
-@pytest.mark.parametrize("strategy", [("trainer.strategy=ddp",),
-                                      ("trainer.strategy=deepspeed", "trainer.zero_stage=3")], ids=["ddp", "zero-3"])
-def test_posttraining_is_the_same_on_one_and_two_workers(train_env, tmp_path, strategy):
-    """Lists of 2 and 6 sentences alternate, 2 lists a step: one worker holds 2 texts (one forward pass), the other
-    6 (two length buckets on its own). Each forward pass is a collective (DDP buffers, ZeRO-3 weights), so the
-    workers must agree on the pass count, else the run hangs in its next all-gather."""
+SIZES = ("trainer.global_batch_size=2", "trainer.length_buckets=2")
+
+
+@pytest.fixture(scope="module")
+def alternating_lists(train_env, tmp_path_factory):
+    """Lists of 2 and 6 sentences alternating, and the one-worker run on them (2 lists a step)."""
     from training.run import run_training
 
-    data = tmp_path / "lists.jsonl"
+    data = tmp_path_factory.mktemp("lists") / "lists.jsonl"
     data.write_text("".join(json.dumps({"sentences": x[: 2 if i % 2 == 0 else 6]}) + "\n"
                             for i, x in enumerate(LISTS[:8])))
-    sizes = ("trainer.global_batch_size=2", "trainer.length_buckets=2")
-    one = run_training(_config(train_env, f"lists-1-{strategy[-1]}", data, *sizes))
-    two = run_training(_config(train_env, f"lists-2-{strategy[-1]}", data, *sizes, "trainer.num_workers=2",
-                               *strategy))
+    return data, run_training(_config(train_env, "lists-1", data, *SIZES))
+
+
+@pytest.mark.parametrize("strategy", [("trainer.strategy=ddp",),
+                                      ("trainer.strategy=deepspeed", "trainer.zero_stage=3")], ids=["ddp", "zero-3"])
+def test_posttraining_is_the_same_on_one_and_two_workers(train_env, alternating_lists, strategy):
+    """With 2 lists a step on 2 workers, one worker holds 2 texts (one forward pass), the other 6 (two length
+    buckets on its own). Each forward pass is a collective (DDP buffers, ZeRO-3 weights), so the workers must agree
+    on the pass count, else the run hangs in its next all-gather."""
+    from training.run import run_training
+
+    data, one = alternating_lists
+    two = run_training(_config(train_env, f"lists-2-{strategy[-1]}", data, *SIZES, "trainer.num_workers=2", *strategy))
     assert one["registered_model"] == "raoe-lists" and two["plan"]["micro_batch"] == 1
     for key in ("train_loss", "grad_norm"):
         expected, got = metric_by_step(one["run_id"], key), metric_by_step(two["run_id"], key)
