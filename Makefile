@@ -31,6 +31,7 @@ demo: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 # Every measurement of benchmarks/ (BENCH_ARGS=--quick for minutes instead of ~2 hours); results in benchmarks/results/.
 bench: install

@@ -47,8 +47,8 @@ METHODS = {
 def score(model_path: str) -> dict[str, float]:
     """STS-B dev and STS12 (SentEval 'all') of a model folder or source, in this process."""
     from encoders.backbone import encode_texts, load_encoder
+    from encoders.model_uris import resolve_model
     from evaluation.sts import evaluate_sts
-    from tracking.registry import resolve_model
 
     model = load_encoder(resolve_model(model_path))
     encode = lambda texts: encode_texts(model, texts, 128)  # noqa: E731

@@ -27,8 +27,8 @@ WEIGHTINGS = {"entailment": {"entailment": 1.0}, "entailment + same-sent": {"ent
 def scores(model_path: str) -> dict[str, dict[str, float]]:
     """STS-B dev and STS12: plain cosine, and for an RSE model each relation weighting."""
     from encoders.backbone import encode_texts, load_encoder
-    from encoders.relational import read_relation_table, relation_sts_scorer
-    from evaluation.sts import evaluate_sts
+    from encoders.relational import read_relation_table
+    from evaluation.sts import evaluate_sts, relation_sts_scorer
 
     model = load_encoder(model_path)
     cache: dict[str, object] = {}
@@ -56,9 +56,9 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from benchmarks.common import machine, write_results
+    from encoders.model_uris import resolve_model
     from jobconfig import load_config
     from jobconfig.schema import RelationalJobConfig
-    from tracking.registry import resolve_model
     from training.run import run_training
 
     out: dict = {"machine": machine()}

@@ -14,9 +14,12 @@ from typing import Any
 
 import torch
 
+from encoders.relation_table import save_relation_table
+
 # raoe's pooling names -> sentence-transformers' Pooling modes
 POOLING_MODES = {"mean": "mean", "cls": "cls", "last_token": "lasttoken"}
 RAOE_META = "raoe_encoder.json"
+MODEL_CARD = "README.md"  # the model card beside the weights (tracking.model_card writes it)
 
 
 def dropout_overrides(model_path: str, dropout: float | None, trust_remote_code: bool = False) -> dict[str, float]:
@@ -226,8 +229,6 @@ def export_encoder(model, path: str | Path, meta: dict[str, Any] | None = None) 
             "trust_remote_code": bool(getattr(model, "raoe_trust_remote_code", False)), **(meta or {})}
     (path / RAOE_META).write_text(json.dumps(info, indent=2, default=str))
     if getattr(model, "relation_names", None) is not None:  # an RSE model: its relation table next to the encoder
-        from encoders.relational import save_relation_table
-
         save_relation_table(model, path)
     return path
 

@@ -12,59 +12,21 @@ The relation names and vectors live inside the exported sentence-transformers fo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-RELATIONS_JSON = "relations.json"
-RELATIONS_WEIGHTS = "relations.safetensors"
-TABLE = "relation_vectors"  # the parameter's name on the training model
-
-
-def read_relation_table(folder: str | Path) -> tuple[list[str], np.ndarray] | None:
-    """(names, [K, d] vectors) saved in a model folder, or None when it holds no relations."""
-    folder = Path(folder)
-    if not (folder / RELATIONS_JSON).exists():
-        return None
-    from safetensors.numpy import load_file
-
-    names = json.loads((folder / RELATIONS_JSON).read_text())["relations"]
-    vectors = load_file(str(folder / RELATIONS_WEIGHTS))[TABLE]
-    if vectors.shape[0] != len(names):
-        raise ValueError(f"{folder}: {len(names)} relation names but {vectors.shape[0]} vectors")
-    return names, vectors
-
-
-def attach_relation_table(model: torch.nn.Module, names: list[str], start_folder: str | Path | None, *,
-                          init_std: float, seed: int) -> None:
-    """Give the training model its relation table, a [K, d] parameter registered on the model (so DDP and
-    DeepSpeed all-reduce, shard and checkpoint it with the encoder) and used by the loss outside the forward.
-    Vectors of relations the start folder already holds are loaded (a resumed run, or a trained RSE start model);
-    the others start as N(0, init_std^2) from ``seed``."""
-    dim = model.get_embedding_dimension()
-    generator = torch.Generator().manual_seed(seed)
-    table = torch.randn(len(names), dim, generator=generator) * init_std
-    saved = read_relation_table(start_folder) if start_folder else None
-    if saved is not None:
-        for k, name in enumerate(saved[0]):
-            if name in names:
-                table[names.index(name)] = torch.from_numpy(saved[1][k].copy())
-    device = next(model.parameters()).device
-    model.register_parameter(TABLE, torch.nn.Parameter(table.to(device)))
-    model.relation_names = list(names)
-
-
-def save_relation_table(model: torch.nn.Module, folder: str | Path) -> None:
-    from safetensors.numpy import save_file
-
-    vectors = getattr(model, TABLE).detach().float().cpu().numpy()
-    folder = Path(folder)
-    (folder / RELATIONS_JSON).write_text(json.dumps({"relations": model.relation_names, "dim": vectors.shape[1]},
-                                                    indent=2))
-    save_file({TABLE: vectors}, str(folder / RELATIONS_WEIGHTS))
+from encoders.backbone import encode_texts, load_encoder
+from encoders.model_uris import resolve_model
+from encoders.relation_table import (  # noqa: F401  (re-exported: the relation table is part of an RSE model)
+    RELATIONS_JSON,
+    RELATIONS_WEIGHTS,
+    TABLE,
+    attach_relation_table,
+    read_relation_table,
+    save_relation_table,
+)
 
 
 def normalised_weights(names: list[str], weights: dict[str, float] | None) -> np.ndarray:
@@ -94,18 +56,6 @@ def relation_pair_scores(emb_a: np.ndarray, emb_b: np.ndarray, vectors: np.ndarr
     vectors = np.asarray(vectors, dtype=np.float64)
     forward = one_way(a, b)
     return np.maximum(forward, one_way(b, a)) if both_directions else forward
-
-
-def relation_sts_scorer(names: list[str], vectors: np.ndarray, weights: dict[str, float] | None):
-    """A scorer for evaluation.sts (encode, pairs) -> scores: the relation-weighted score, max over directions."""
-    w = normalised_weights(names, weights)
-
-    def score(encode, pairs) -> np.ndarray:
-        from evaluation.sts import pair_embeddings
-
-        return relation_pair_scores(*pair_embeddings(encode, pairs), vectors, w, both_directions=True)
-
-    return score
 
 
 def relation_prediction(encode, triples: list[dict[str, Any]], names: list[str], vectors: np.ndarray,
@@ -175,9 +125,6 @@ class RelationalEncoder:
     """Load an RSE model folder (or an MLflow model URI) and score sentence pairs under its relations."""
 
     def __init__(self, path: str | Path, device: str = "cpu", batch_size: int = 64):
-        from encoders.backbone import load_encoder
-        from tracking.registry import resolve_model
-
         folder = resolve_model(str(path))
         saved = read_relation_table(folder)
         if saved is None:
@@ -191,8 +138,6 @@ class RelationalEncoder:
         return {name: self.vectors[k] for k, name in enumerate(self.names)}
 
     def encode(self, sentences: list[str]) -> np.ndarray:
-        from encoders.backbone import encode_texts
-
         return encode_texts(self.model, list(sentences), self.batch_size)
 
     def score(self, a: list[str], b: list[str], relation: str | None = None,

@@ -5,37 +5,13 @@ id itself, which transformers then loads (from the hub when one is reachable).""
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import shutil
 import zipfile
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-
-class ModelSourceError(RuntimeError):
-    """A model source that cannot be resolved; the message says what to install or fix."""
-
-
-def cache_root() -> Path:
-    """Where unpacked/converted models live (``RAOE_CACHE``, default ~/.cache/raoe)."""
-    return Path(os.environ.get("RAOE_CACHE", Path.home() / ".cache" / "raoe"))
-
-
-@contextmanager
-def building(target: Path):
-    """Build into a private folder and move it into place at the end, so concurrent workers never see
-    a half-written model; yields the folder to write into (a finished ``target`` wins)."""
-    staging = target.parent / f".{target.name}.{os.getpid()}.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    yield staging
-    (staging / ".complete").touch()
-    try:
-        os.rename(staging, target)
-    except OSError:  # another process finished first
-        shutil.rmtree(staging, ignore_errors=True)
+from encoders.cache import ModelSourceError, building, cache_root
 
 
 def _package_file(dist: str, relative: str) -> Path:

@@ -79,7 +79,7 @@ def _fit_writer(model, tokenizer, steps: int = 120, batch: int = 32) -> None:
 
 def build_tiny_model(kind: str = "bert") -> Path:
     """Build (once, deterministically) a tiny model under the raoe cache and return its folder."""
-    from encoders.sources import ModelSourceError, building, cache_root
+    from encoders.cache import ModelSourceError, building, cache_root
 
     # two random BERTs (e.g. two tiny teachers), a causal-LM backbone, a masked LM (SAN), a causal LM with its head,
     # and that causal LM fitted to answer WRITER_PROMPT with a sentence (ranked lists)

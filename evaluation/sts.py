@@ -11,6 +11,8 @@ from typing import Callable
 
 import numpy as np
 
+from encoders.relational import normalised_weights, relation_pair_scores
+
 STS_SUBSETS = {
     "STS12": ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
     "STS13": ["FNWN", "headlines", "OnWN"],
@@ -155,6 +157,17 @@ def pairs_spearman(encode: Encoder, pairs: STSPairs,
     """Spearman x 100 of one task's pairs, scored as ``evaluate_sts`` scores them. Training selects checkpoints by
     this on STS-B dev pairs the driver read once and handed to every worker (a worker's node may lack the files)."""
     return spearman_x100((score or cosine_scores)(encode, pairs), pairs.gold)
+
+
+def relation_sts_scorer(names: list[str], vectors: np.ndarray, weights: dict[str, float] | None):
+    """A scorer for ``evaluate_sts`` / ``pairs_spearman``: an RSE model's relation-weighted score
+    sum_k w_k cos(a + r_k, b), the max over both directions, in place of the cosine."""
+    w = normalised_weights(names, weights)
+
+    def score(encode: Encoder, pairs: STSPairs) -> np.ndarray:
+        return relation_pair_scores(*pair_embeddings(encode, pairs), vectors, w, both_directions=True)
+
+    return score
 
 
 def stsb_dev_pairs(data_dir: str | Path, max_pairs: int | None = None) -> STSPairs | None:

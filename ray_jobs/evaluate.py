@@ -44,7 +44,7 @@ def _model_run(source: str) -> str | None:
     """The MLflow run that produced a registered model, so its scores land next to its training metrics."""
     from mlflow import MlflowClient
 
-    from tracking.registry import resolve_alias
+    from encoders.model_uris import resolve_alias
 
     uri = resolve_alias(source)
     if uri.startswith("models:/"):
@@ -61,12 +61,12 @@ def main(cfg: EvaluateJobConfig) -> dict:
 
     import mlflow
 
+    from encoders.model_uris import is_model_uri, resolve_model
     from evaluation.encode import score_with_ray
     from evaluation.sts import plot_cosine_vs_gold
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
     from tracking.metrics import metric_name
-    from tracking.registry import is_model_uri, resolve_model
 
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     model_path = resolve_model(cfg.model.source)
@@ -113,8 +113,8 @@ def _remember_for_promotion(cfg, metrics: dict | None) -> None:
     """A registered version's plain suite results, remembered so that promotion on the same data reuses them."""
     from mlflow import MlflowClient
 
+    from encoders.model_uris import resolve_alias
     from tracking.promotion import evaluation_key, remember_scores
-    from tracking.registry import resolve_alias
 
     uri = resolve_alias(cfg.model.source)
     if metrics is None or not uri.startswith("models:/"):
@@ -125,7 +125,8 @@ def _remember_for_promotion(cfg, metrics: dict | None) -> None:
 
 def _relation_scorer(model_path: str, eval_cfg):
     """An RSE model's relation-weighted STS score, or None (plain cosine) for any other model."""
-    from encoders.relational import read_relation_table, relation_sts_scorer
+    from encoders.relational import read_relation_table
+    from evaluation.sts import relation_sts_scorer
 
     saved = read_relation_table(model_path)
     if saved is None:

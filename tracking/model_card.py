@@ -7,7 +7,9 @@ import importlib.metadata
 from pathlib import Path
 from typing import Any
 
-CARD = "README.md"
+from encoders.backbone import MODEL_CARD
+
+CARD = MODEL_CARD
 
 
 def _version() -> str:

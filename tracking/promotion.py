@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -33,10 +34,23 @@ def remembered_scores(client, name: str, version, key: str | None) -> dict[str, 
     return json.loads(tags[RESULTS_TAG]) if tags.get(KEY_TAG) == key and RESULTS_TAG in tags else None
 
 
+def set_version_tag(client, name: str, version, key: str, value: str, tries: int = 5) -> None:
+    """``set_model_version_tag`` that survives a concurrent writer: MLflow's SQL store inserts a new tag, so two
+    processes tagging the same version at once make one fail on the unique key; writing again updates the tag."""
+    for attempt in range(tries):
+        try:
+            client.set_model_version_tag(name, str(version), key, value)
+            return
+        except Exception as exc:  # noqa: BLE001 - MlflowException wrapping sqlalchemy's IntegrityError
+            if "UNIQUE constraint" not in str(exc) or attempt == tries - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+
+
 def remember_scores(client, name: str, version, key: str | None, scores: dict[str, float | None]) -> None:
-    client.set_model_version_tag(name, str(version), RESULTS_TAG, json.dumps(scores))
+    set_version_tag(client, name, version, RESULTS_TAG, json.dumps(scores))
     if key is not None:
-        client.set_model_version_tag(name, str(version), KEY_TAG, key)
+        set_version_tag(client, name, version, KEY_TAG, key)
 
 
 def load_probe(path: str) -> None:
@@ -126,7 +140,7 @@ def _champion(client, name: str) -> int | None:
 def _decide_once(client, registered_model: str, candidate_version: int, champion_version: int | None, evaluate,
                  out: dict[str, Any], *, margin, guard_tasks, tolerance, eval_key, probe) -> Decision | None:
     """The decision against ``champion_version``; None (and ``out`` filled) when the candidate does not load."""
-    from tracking.registry import download_model
+    from encoders.model_uris import download_model
 
     def scores_of(version) -> dict[str, float | None]:
         known = remembered_scores(client, registered_model, version, eval_key)
@@ -160,9 +174,9 @@ def _decide_once(client, registered_model: str, candidate_version: int, champion
 
 def _record(client, name: str, version, decision: Decision, champion_version: int | None = None) -> None:
     """The decision and the comparison table as version tags, and as an artifact on the version's run."""
-    client.set_model_version_tag(name, str(version), "promotion.decision", "promoted" if decision.promote else "kept")
-    client.set_model_version_tag(name, str(version), "promotion.reason", decision.reason[:5000])
-    client.set_model_version_tag(name, str(version), "promotion.vs_version", str(champion_version))
+    set_version_tag(client, name, version, "promotion.decision", "promoted" if decision.promote else "kept")
+    set_version_tag(client, name, version, "promotion.reason", decision.reason[:5000])
+    set_version_tag(client, name, version, "promotion.vs_version", str(champion_version))
     run_id = client.get_model_version(name, str(version)).run_id
     if run_id:
         client.log_text(run_id, json.dumps(decision.as_dict(), indent=2), f"promotion/v{version}.json")

@@ -1,31 +1,19 @@
 """MLflow runs and the model registry: one run per job (found again by name so a resubmitted job resumes it),
-models logged with the sentence_transformers flavor and registered as raoe-s1 / raoe-s2, and model URIs
-(``models:/raoe-s1/3``, ``models:/raoe-s1@champion``, ``runs:/<id>/model``) turned back into local folders."""
+models logged with the sentence_transformers flavor (raoe's files among its extra files) and registered as raoe-s1,
+raoe-s2, ... A model URI is turned back into a local folder by ``encoders.model_uris``, like every model source."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.metadata
-import shutil
 from pathlib import Path
 from typing import Any
 
-from encoders.backbone import RAOE_META
-from encoders.relational import RELATIONS_JSON, RELATIONS_WEIGHTS
-from tracking.model_card import CARD
-
-# raoe's files beside the sentence-transformers ones (its model card replaces the one the flavor writes)
-EXTRA_FILES = (RAOE_META, RELATIONS_JSON, RELATIONS_WEIGHTS, CARD)
+from encoders.model_uris import EXTRA_FILES
 
 MODEL_ARTIFACT = "model"
 REGISTERED = {"stage1": "raoe-s1", "stage2": "raoe-s2", "unsupervised": "raoe-unsup", "posttrain": "raoe-lists",
               "relational": "raoe-rse"}
-MODEL_URI_PREFIXES = ("models:/", "runs:/", "mlflow-artifacts:/")
-
-
-def is_model_uri(source: str | None) -> bool:
-    return bool(source) and source.startswith(MODEL_URI_PREFIXES)
 
 
 def run_for_name(experiment_id: str, run_name: str | None, tags: dict[str, str] | None = None):
@@ -80,57 +68,3 @@ def log_and_register(model_dir: str | Path, run_id: str, registered_model: str |
 @contextlib.contextmanager
 def _same(run):
     yield run
-
-
-def download_model(uri: str, cache: str | Path | None = None) -> str:
-    """A local sentence-transformers folder for a model URI, downloaded once per tracking store and version
-    (the key includes the store and the version's creation time, so a new store's version 1 is not stale)."""
-    import mlflow
-
-    from encoders.sources import building, cache_root
-
-    resolved, stamp = resolve_alias(uri), ""
-    if resolved.startswith("models:/"):
-        from mlflow import MlflowClient
-
-        name, version = resolved.removeprefix("models:/").split("/", 1)
-        stamp = str(MlflowClient().get_model_version(name, version).creation_timestamp)
-    key = hashlib.sha1(f"{mlflow.get_tracking_uri()}|{resolved}|{stamp}".encode()).hexdigest()[:16]
-    target = Path(cache or cache_root() / "mlflow-models") / key
-    if not (target / ".complete").exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with building(target) as staging:
-            mlflow.artifacts.download_artifacts(artifact_uri=resolved, dst_path=str(staging))
-            _restore_extra_files(staging)
-    found = sorted(p.parent for p in target.rglob("modules.json"))
-    if not found:
-        raise FileNotFoundError(f"{uri} holds no sentence-transformers model (no modules.json)")
-    return str(found[0])
-
-
-def _restore_extra_files(folder: Path) -> None:
-    """The flavor stores raoe's files (metadata with the prompt template, an RSE relation table) among its extra
-    files: put them back next to modules.json, where load_encoder and RelationalEncoder read them."""
-    for name in EXTRA_FILES:
-        found = [p for p in folder.rglob(name) if not (p.parent / "modules.json").exists()]  # the extra files copy
-        for modules in folder.rglob("modules.json"):
-            if found and (name == CARD or not (modules.parent / name).exists()):
-                shutil.copy(found[0], modules.parent / name)
-
-
-def resolve_model(source: str) -> str:
-    """Any model source raoe accepts, MLflow model URIs included, as a local folder (or an HF id)."""
-    from encoders.sources import resolve_model_source
-
-    return download_model(source) if is_model_uri(source) else resolve_model_source(source)
-
-
-def resolve_alias(uri: str) -> str:
-    """``models:/name@alias`` -> ``models:/name/<version>`` (so a cache entry never goes stale when an alias moves)."""
-    if uri.startswith("models:/") and "@" in uri:
-        from mlflow import MlflowClient
-
-        name, alias = uri.removeprefix("models:/").split("@", 1)
-        version = MlflowClient().get_model_version_by_alias(name, alias)
-        return f"models:/{name}/{version.version}"
-    return uri

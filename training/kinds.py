@@ -210,7 +210,7 @@ def teacher_trusts_code(cfg) -> bool:
 def list_teacher_kwargs(cfg, start_model: str) -> dict:
     """ListTeacher's arguments: ``posttrain.teacher`` as named, or the frozen start model built as training builds
     it (without dropout, adapters or quantization: a new LoRA adapter is zero at step 0)."""
-    from tracking.registry import resolve_model
+    from encoders.model_uris import resolve_model
 
     kwargs = {"source": resolve_model(cfg.posttrain.teacher or start_model), "batch_size": 64,
               "trust_remote_code": teacher_trusts_code(cfg)}
@@ -275,7 +275,7 @@ def _load_triples(cfg, quarantine_path):
 
 
 def _relation_table(model, extras: dict, start_folder: str | None, seed: int) -> None:
-    from encoders.relational import TABLE, attach_relation_table
+    from encoders.relation_table import TABLE, attach_relation_table
 
     attach_relation_table(model, extras["relations"], start_folder, init_std=extras["init_std"], seed=seed)
     table = getattr(model, TABLE)
@@ -308,7 +308,7 @@ def triples_batch(module, model, rows: dict[str, np.ndarray], device, autocast=N
     """Relation triples: heads, tails and hard negatives through the encoder together (a same-sent triple's head
     and tail are two dropout views), gathered with gradient; relation ids and text ids gathered; the relation
     table is the model's own parameter, the same full tensor on every worker."""
-    from encoders.relational import TABLE
+    from encoders.relation_table import TABLE
     from objectives.gather import gather_no_grad, gather_with_grad
     from objectives.registry import EmbeddingBatch
 

@@ -89,7 +89,7 @@ def test_the_default_teacher_is_the_start_model_encoding_as_training_does(tmp_pa
     import numpy as np
 
     from encoders.backbone import build_encoder, encode_texts
-    from tracking.registry import resolve_model
+    from encoders.model_uris import resolve_model
     from training.kinds import ListTeacher, list_teacher_kwargs
 
     cfg = _config(tmp_path, "teacher", tmp_path / "lists.jsonl", *model)

@@ -57,7 +57,7 @@ def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, 
     from mlflow import MlflowClient
 
     from encoders.backbone import encode_texts, load_encoder
-    from tracking.registry import download_model
+    from encoders.model_uris import download_model
     from training.run import run_training
 
     rows = [json.loads(line) for line in TINY_NLI.read_text().splitlines()][:64]

@@ -62,8 +62,8 @@ def test_two_workers_have_the_one_worker_losses_and_gradients_including_the_rela
 
 
 def test_registered_model_scores_with_its_relations_and_dev_used_them(runs, dev_data):
-    from encoders.relational import RelationalEncoder, relation_sts_scorer
-    from evaluation.sts import stsb_dev_spearman
+    from encoders.relational import RelationalEncoder
+    from evaluation.sts import relation_sts_scorer, stsb_dev_spearman
 
     one = runs["1 worker"]
     assert one["model_uri"] == "models:/raoe-rse/1"
@@ -82,7 +82,7 @@ def test_registered_model_scores_with_its_relations_and_dev_used_them(runs, dev_
     assert set(prediction) == {"duplicate_question", "entailment", "same-sent", "all"}
     assert prediction["all"]["triples"] == 24 and 0 < prediction["all"]["mrr"] <= 1
     assert json.loads(json.dumps(one))["relations"] == {"duplicate_question": 40, "entailment": 40, "same-sent": 24}
-    from tracking.registry import resolve_model
+    from encoders.model_uris import resolve_model
 
     card = (Path(resolve_model(one["model_uri"])) / "README.md").read_text()  # raoe's card, not the flavor's
     assert "Wang & Li, Relational Sentence Embedding" in card and "| entailment |" in card

@@ -1,0 +1,34 @@
+"""The model cache: where resolved, unpacked and downloaded models live, and how a model is built into it so that
+concurrent workers never see half a model. The leaf of ``encoders``: model sources, tiny models and MLflow model
+URIs all build into it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class ModelSourceError(RuntimeError):
+    """A model source that cannot be resolved; the message says what to install or fix."""
+
+
+def cache_root() -> Path:
+    """Where unpacked/converted models live (``RAOE_CACHE``, default ~/.cache/raoe)."""
+    return Path(os.environ.get("RAOE_CACHE", Path.home() / ".cache" / "raoe"))
+
+
+@contextmanager
+def building(target: Path):
+    """Build into a private folder and move it into place at the end, so concurrent workers never see
+    a half-written model; yields the folder to write into (a finished ``target`` wins)."""
+    staging = target.parent / f".{target.name}.{os.getpid()}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    yield staging
+    (staging / ".complete").touch()
+    try:
+        os.rename(staging, target)
+    except OSError:  # another process finished first
+        shutil.rmtree(staging, ignore_errors=True)
