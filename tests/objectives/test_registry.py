@@ -59,3 +59,45 @@ def test_non_finite_scores_and_unknown_labels_are_refused_by_name(field, value, 
     getattr(batch, field)[2] = value
     with pytest.raises(ValueError, match=match):
         CompositeObjective(PRESETS["raoe"])(batch)
+
+
+def _dummy_batch(g: torch.Generator) -> dict[str, torch.Tensor]:
+    return {"emb1": torch.randn(4, 8, generator=g), "emb2": torch.randn(4, 8, generator=g),
+            "labels": torch.tensor([0, 1, 2, 0]), "scores": torch.tensor([0.9, 0.5, 0.1, 0.7]),
+            "ids1": torch.arange(4), "ids2": torch.arange(4, 8), "emb_neg": torch.randn(4, 8, generator=g),
+            "neg_mask": torch.tensor([True, True, False, True]), "list_emb": torch.randn(2, 3, 8, generator=g),
+            "list_mask": torch.ones(2, 3, dtype=torch.bool), "list_target": torch.rand(2, 3, 3, generator=g),
+            "ids_neg": torch.arange(8, 12), "relation": torch.tensor([0, 1, 0, 1]),
+            "relation_table": torch.randn(2, 8, generator=g)}
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_declared_fields_are_what_each_objective_reads(name):
+    """Each objective runs on a batch holding only what one kind of data provides (and on a full one) while the
+    fields it touches are recorded: the declaration must name exactly those, and refuse where the objective fails."""
+    from objectives.registry import EmbeddingBatch, fields_read
+    from training.kinds import KINDS
+
+    read: set[str] = set()
+
+    class RecordingBatch(EmbeddingBatch):
+        def __getattribute__(self, attr):
+            if attr in EmbeddingBatch.__dataclass_fields__:
+                read.add(attr)
+            return super().__getattribute__(attr)
+
+    full = _dummy_batch(torch.Generator().manual_seed(0))
+    for provided in [tuple(full), *(kind.provides for kind in KINDS.values())]:
+        read.clear()
+        try:
+            CompositeObjective({name: 1.0}).parts(RecordingBatch(**{k: full[k] for k in provided}))
+            ran = True
+        except ValueError:
+            ran = False
+        try:
+            declared = fields_read({name: 1.0}, provided)
+        except ValueError:
+            assert not ran, f"{name} runs on {provided} but its declaration refuses it"
+            continue
+        assert ran, f"{name} fails on {provided} but its declaration accepts it"
+        assert declared == read & set(provided), provided

@@ -16,9 +16,7 @@ from training.run import check_objective_fits
     ({"angle_ibn": 1.0}, "sts", {"scores"}),  # S >= threshold does without labels
 ])
 def test_the_fields_an_objective_reads_come_from_the_config(weights, kind, fields):
-    from objectives.registry import CompositeObjective
-
-    read = check_objective_fits(weights, CompositeObjective(weights).params, KINDS[kind].provides)
+    read = check_objective_fits(weights, KINDS[kind].provides)
     assert read & {"scores", "labels"} == fields
 
 

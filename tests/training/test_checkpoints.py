@@ -78,12 +78,14 @@ def test_deepspeed_checkpoints_load_weights_only(tmp_path, one_rank_group, zero_
     refused before the object is built."""
     import pickle
 
+    from jobconfig.schema import TrainerConfig
     from training.strategy import DeepSpeedStrategy
 
     def strategy(seed):
         torch.manual_seed(seed)
         model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Linear(6, 3))
-        cfg = {"lr": 1e-2, "weight_decay": 0.01, "grad_clip": 1.0, "zero_stage": zero_stage, "bf16": False}
+        cfg = TrainerConfig(strategy="deepspeed", lr=1e-2, weight_decay=0.01, grad_clip=1.0, zero_stage=zero_stage,
+                            bf16=False)
         plan = SimpleNamespace(micro_batch=4, grad_accum=1, global_batch=4, warmup_steps=0, total_steps=10)
         return DeepSpeedStrategy(model, cfg, plan, 1)
 

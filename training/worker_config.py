@@ -1,0 +1,37 @@
+"""What a Ray Train worker is handed: one frozen, typed object the driver builds from the validated job config.
+Workers read it by attribute; every default lives in the config schema (jobconfig.schema), none here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from jobconfig.schema import ModelConfig, TrainerConfig
+from tracking.metrics import RunTarget
+from training.plan import StepPlan
+
+
+@dataclass(frozen=True)
+class DevSet:
+    """STS-B dev for checkpoint selection: the pairs the driver read once, in Ray's object store (a worker's node may
+    not hold eval.data_dir); ``pairs`` is None when the run has no dev set."""
+
+    pairs: Any  # ray.ObjectRef to evaluation.sts.STSPairs, or None
+    batch_size: int
+    relation_weights: dict[str, float] | None  # RSE: the relation-weighted score selects
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    model: ModelConfig
+    trainer: TrainerConfig
+    start_model: str  # resolved by each worker (a driver's local path may not exist on another node)
+    objective_weights: dict[str, float]
+    objective_params: dict[str, dict[str, Any]]
+    plan: StepPlan
+    kind: str  # training.kinds.KINDS
+    fields: tuple[str, ...]  # corpus columns gathered for the objective (scores, labels): the same on every worker
+    dev: DevSet
+    run_folder: str  # where Ray Train puts this run's checkpoints
+    tracking: RunTarget  # rank 0 logs its step metrics there
+    extras: dict[str, Any]  # what the kind's load() gave the workers (RSE: relations, relation lr, init std)
