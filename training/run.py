@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -98,27 +99,66 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class Preflight:
+    """What the driver settles before any Ray resource is taken: a config that cannot work fails here."""
+
+    kind: DataKind
+    needed: set[str]  # batch fields the objective reads
+    params: dict[str, dict[str, Any]]  # each objective's parameters
+    start_model: str
+    dev_pairs: Any  # evaluation.sts.STSPairs, or None: no dev set
+
+
 def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: str | None = None,
                  callbacks: list | None = None) -> dict[str, Any]:
     """Train, export, log and register; returns the job's JSON-line payload. A sweep runs each trial with
     ``register=False`` (only its best trial is registered), as a child of the sweep's MLflow run, and passes
     Tune's report callback."""
     import mlflow
-    import ray.data
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
 
-    from data_pipelines.hub import is_hub_source
-    from data_pipelines.readers import corpus_files, load_corpus
-    from encoders.model_uris import resolve_model
-    from objectives.registry import CompositeObjective
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
-    from tracking.metrics import RunTarget, with_retries
-    from tracking.model_card import model_card, write_model_card
-    from tracking.registry import REGISTERED, log_and_register, run_for_name
+    from tracking.registry import REGISTERED, run_for_name
 
     started = time.time()
+    pre = preflight(cfg)
+    run_name = cfg.tracking.run_name or default_run_name(cfg.stage)
+    registered = cfg.tracking.registered_model or REGISTERED[cfg.stage]
+    run_tags = {"raoe.stage": cfg.stage, **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}
+    run_id, resumed = run_for_name(ensure_experiment(cfg.tracking.experiment), run_name, run_tags)
+    mlflow.set_tracking_uri(tracking_uri())
+    with mlflow.start_run(run_id=run_id):
+        if not resumed:
+            resolved = cfg.model_dump()
+            mlflow.log_params({k: str(v)[:500] for k, v in _flat(resolved).items()})
+            mlflow.log_dict(resolved, "config.json")
+        with ray_session():
+            ds, report, rows, extras = _training_data(cfg, pre, Path(cfg.output_dir) / run_name / "quarantine.jsonl")
+            plan = plan_steps(rows, world=cfg.trainer.num_workers,
+                              global_batch=cfg.trainer.global_batch_size, grad_accum=cfg.trainer.grad_accum,
+                              epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
+                              warmup_ratio=cfg.trainer.warmup_ratio)
+            print(f"[raoe] {cfg.stage}: {rows} {pre.kind.unit}, {plan.total_steps} steps "
+                  f"({plan.steps_per_epoch} per epoch), run {run_name!r}" + (" (resumed)" if resumed else ""), flush=True)
+            worker_config = _worker_config(cfg, pre, plan, extras, run_name, run_id)
+            result = _fit(cfg, ds, worker_config, run_name, callbacks)
+        out_dir = Path(cfg.output_dir).resolve() / run_name
+        best_metrics, history, curve = _export_best(result, pre.dev_pairs is not None, cfg, out_dir)
+        finished = pre.kind.finish(cfg, out_dir / MODEL_DIR, extras, out_dir) if pre.kind.finish else {}
+        payload = _payload(cfg, pre, result, best_metrics, report, plan, run_id, run_name, resumed, out_dir, finished)
+        payload.update(_log_and_register(cfg, pre, payload, history, curve, report, plan, finished, out_dir,
+                                         registered if register else None))
+    return {**payload, "seconds": time.time() - started}
+
+
+def preflight(cfg: TrainJobConfig) -> Preflight:
+    """The kind of data, the objective's fields and batch size, the start model, the corpus path and the dev set,
+    all checked on the driver before any Ray resource is taken."""
+    from data_pipelines.hub import is_hub_source
+    from data_pipelines.readers import corpus_files
+    from encoders.model_uris import resolve_model
+
     params = objective_params(cfg.objective)
     kind, needed = choose_kind(cfg)
     check_batch_fits(cfg.objective.weights, cfg.trainer.global_batch_size)
@@ -129,133 +169,163 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
     if kind.load is None and not is_hub_source(cfg.data.train):  # a missing path or a format that cannot read it
         corpus_files(cfg.data.train, kind.corpus, cfg.data.format)
     dev_pairs = stsb_dev_pairs(cfg.eval.data_dir, cfg.eval.max_pairs)  # read here once, handed to the workers
-    dev_available = dev_pairs is not None
-    if not dev_available:
+    if dev_pairs is None:
         print(f"[raoe] no STS-B dev under eval.data_dir={cfg.eval.data_dir!r}: no dev score, keeping the latest "
               f"{cfg.trainer.keep_checkpoints} checkpoint(s) and exporting the last", flush=True)
-    run_name = cfg.tracking.run_name or default_run_name(cfg.stage)
-    registered = cfg.tracking.registered_model or REGISTERED[cfg.stage]
+    return Preflight(kind, needed, params, start_model, dev_pairs)
+
+
+def _training_data(cfg: TrainJobConfig, pre: Preflight, quarantine: Path):
+    """(Ray Dataset of training rows, DataReport, row count, the kind's extras for the workers)."""
+    import ray.data
+
+    from data_pipelines.readers import load_corpus
+
+    ray.data.DataContext.get_current().enable_progress_bars = False  # the loop prints its own progress
+    kind, extras = pre.kind, {}
+    if kind.load is not None:
+        ds, report, extras = kind.load(cfg, quarantine)
+    else:
+        ds, report = load_corpus(kind.corpus, cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
+                                 max_rows=None if kind.name == "triplets" else cfg.data.max_rows,
+                                 shuffle_seed=cfg.data.shuffle_seed,
+                                 on_bad_record=cfg.data.on_bad_record, quarantine_path=quarantine)
+    ds, rows = kind.prepare(ds, ds.count() if kind.load else report.rows_written, cfg, pre.start_model)
+    if "scores" in pre.needed:
+        missing = ds.filter(lambda r: r["similarity"] is None or r["similarity"] != r["similarity"]).count()
+        if missing:
+            raise ValueError(f"{missing} of {report.rows_written} training pairs have no similarity S; "
+                             f"annotate them first (ray_jobs/annotate.py) or pick objectives without S")
+    return ds, report, rows, extras
+
+
+def _storage(cfg: TrainJobConfig) -> str:
     storage = cfg.trainer.storage_path
-    storage = storage if "://" in storage else str(Path(storage).resolve())
+    return storage if "://" in storage else str(Path(storage).resolve())
 
-    experiment_id = ensure_experiment(cfg.tracking.experiment)
-    run_tags = {"raoe.stage": cfg.stage, **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}
-    run_id, resumed = run_for_name(experiment_id, run_name, run_tags)
-    resolved = cfg.model_dump()
-    mlflow.set_tracking_uri(tracking_uri())
-    with mlflow.start_run(run_id=run_id):
-        if not resumed:
-            mlflow.log_params({k: str(v)[:500] for k, v in _flat(resolved).items()})
-            mlflow.log_dict(resolved, "config.json")
-        with ray_session():
-            ray.data.DataContext.get_current().enable_progress_bars = False  # the loop prints its own progress
-            quarantine = Path(cfg.output_dir) / run_name / "quarantine.jsonl"
-            extras: dict[str, Any] = {}
-            if kind.load is not None:
-                ds, report, extras = kind.load(cfg, quarantine)
-            else:
-                ds, report = load_corpus(kind.corpus, cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
-                                         max_rows=None if kind.name == "triplets" else cfg.data.max_rows,
-                                         shuffle_seed=cfg.data.shuffle_seed,
-                                         on_bad_record=cfg.data.on_bad_record, quarantine_path=quarantine)
-            ds, rows = kind.prepare(ds, ds.count() if kind.load else report.rows_written, cfg, start_model)
-            if "scores" in needed:
-                missing = ds.filter(lambda r: r["similarity"] is None or r["similarity"] != r["similarity"]).count()
-                if missing:
-                    raise ValueError(f"{missing} of {report.rows_written} training pairs have no similarity S; "
-                                     f"annotate them first (ray_jobs/annotate.py) or pick objectives without S")
-            plan = plan_steps(rows, world=cfg.trainer.num_workers,
-                              global_batch=cfg.trainer.global_batch_size, grad_accum=cfg.trainer.grad_accum,
-                              epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
-                              warmup_ratio=cfg.trainer.warmup_ratio)
-            print(f"[raoe] {cfg.stage}: {rows} {kind.unit}, {plan.total_steps} steps "
-                  f"({plan.steps_per_epoch} per epoch), run {run_name!r}" + (" (resumed)" if resumed else ""), flush=True)
-            worker_config = WorkerConfig(
-                model=cfg.model, trainer=cfg.trainer, start_model=start_model,
-                objective_weights=cfg.objective.weights, objective_params=params, plan=plan, kind=kind.name,
-                fields=tuple(sorted(needed & set(FIELD_COLUMNS))),
-                dev=DevSet(pairs=ray.put(dev_pairs) if dev_available else None, batch_size=cfg.eval.batch_size,
-                           relation_weights=getattr(cfg.eval, "relation_weights", None)),
-                run_folder=f"{storage.rstrip('/')}/{run_name}",
-                tracking=RunTarget(tracking_uri(), run_id, cfg.tracking.retry_seconds),
-                extras={k: v for k, v in extras.items() if k not in ("heldout", "counts")},  # driver-side only
-            )
-            trainer = TorchTrainer(
-                train_loop_per_worker, train_loop_config=worker_config, datasets={"train": ds},
-                # Not split: every worker reads the whole corpus and takes its rows by index (training/plan.py), so
-                # the rows of each step do not depend on how Ray Data hands out blocks.
-                dataset_config=ray.train.DataConfig(datasets_to_split=[]),
-                torch_config=TorchConfig(backend="nccl" if cfg.trainer.use_gpu else "gloo"),
-                scaling_config=ray.train.ScalingConfig(
-                    num_workers=cfg.trainer.num_workers, use_gpu=cfg.trainer.use_gpu,
-                    resources_per_worker=None if cfg.trainer.use_gpu else {"CPU": cfg.trainer.cpus_per_worker},
-                ),
-                run_config=ray.train.RunConfig(
-                    name=run_name, storage_path=storage,
-                    checkpoint_config=ray.train.CheckpointConfig(  # by dev score, else the latest
-                        num_to_keep=cfg.trainer.keep_checkpoints,
-                        checkpoint_score_attribute=DEV_METRIC if dev_available else None,
-                        checkpoint_score_order="max"),
-                    failure_config=ray.train.FailureConfig(max_failures=cfg.trainer.max_failures),
-                    worker_runtime_env={"env_vars": _worker_env()}, callbacks=callbacks or None,
-                ),
-            )
-            try:
-                result = trainer.fit()
-            except Exception as exc:
-                failure = storage_failure(exc, worker_config.run_folder)
-                if failure is None:
-                    raise
-                raise failure from exc
-        best_checkpoint, best_metrics = _best(result, dev_available)
-        final = result.metrics or {}
-        out_dir = Path(cfg.output_dir).resolve() / run_name
-        with best_checkpoint.as_directory() as folder:
-            shutil.rmtree(out_dir / MODEL_DIR, ignore_errors=True)
-            shutil.copytree(Path(folder) / MODEL_DIR, out_dir / MODEL_DIR)
-            history = _history(Path(folder))
-        (out_dir / "config.json").write_text(json.dumps(resolved, indent=2))
-        curve = plot_dev_curve(history, out_dir / "dev_curve.png")
-        finished = kind.finish(cfg, out_dir / MODEL_DIR, extras, out_dir) if kind.finish else {}
-        best_dev = best_metrics.get(DEV_METRIC) if dev_available else None
-        final_metrics = {"train_loss": final.get("train_loss"), "grad_norm": final.get("grad_norm"),
-                         "steps": final.get("step"),
-                         "best_" + DEV_METRIC: best_dev, "best_step": best_metrics.get("step")}
-        tags = {"raoe.stage": cfg.stage, "data": cfg.data.train or "", "objective": json.dumps(cfg.objective.weights),
-                "start_model": start_model, DEV_METRIC: best_dev}
-        payload = {
-            "stage": cfg.stage, "run_id": run_id, "run_name": run_name, "resumed": resumed,
-            "model_path": str(out_dir / MODEL_DIR), "model_uri": None, "registered_model": None, "version": None,
-            "metrics": final_metrics, "start_model": start_model,
-            "rows_in": report.rows_in, "rows_written": report.rows_written,
-            "rows_quarantined": report.rows_quarantined, "quarantine_path": report.quarantine_path,
-            "plan": plan.as_dict(), "strategy": cfg.trainer.strategy, "num_workers": cfg.trainer.num_workers,
-            "quantization": cfg.model.quantization, "lora": cfg.model.lora.model_dump() if cfg.model.lora else None,
-            "checkpoint_path": result.path, "tracking_uri": tracking_uri(), "experiment": cfg.tracking.experiment,
-            **finished,
-        }
-        card = write_model_card(out_dir / MODEL_DIR, model_card(
-            cfg, {**payload, "registered_model": registered if register else None},
-            CompositeObjective(cfg.objective.weights, params).describe(), kind.unit))
 
-        def log_results() -> None:  # idempotent, so a tracking outage can be waited out (with_retries)
-            mlflow.log_dict({"history": history, "plan": plan.as_dict(), "data": report.as_dict()},
-                            "training_summary.json")
-            if curve:
-                mlflow.log_artifact(str(curve))
-            _log_finished(finished)
-            per_step = ("train_loss", "grad_norm")  # logged per step already: the final values get their own names
-            mlflow.log_metrics({("final_" + k if k in per_step else k): float(v)
-                                for k, v in final_metrics.items() if v is not None})
-            mlflow.log_artifact(str(card), "model_card")
-            mlflow.set_tag("raoe.model_card", "model_card/README.md")
+def _worker_config(cfg: TrainJobConfig, pre: Preflight, plan, extras: dict, run_name: str, run_id: str):
+    import ray
 
-        keep = f"; the trained model is safe at {out_dir / MODEL_DIR}"
-        with_retries(log_results, "logging the results to MLflow" + keep, cfg.tracking.retry_seconds)
-        if register:
-            payload.update(with_retries(lambda: log_and_register(out_dir / MODEL_DIR, run_id, registered, tags),
-                                        f"registering {registered}" + keep, cfg.tracking.retry_seconds))
-    return {**payload, "seconds": time.time() - started}
+    from runtime.tracking_store import tracking_uri
+    from tracking.metrics import RunTarget
+
+    return WorkerConfig(
+        model=cfg.model, trainer=cfg.trainer, start_model=pre.start_model,
+        objective_weights=cfg.objective.weights, objective_params=pre.params, plan=plan, kind=pre.kind.name,
+        fields=tuple(sorted(pre.needed & set(FIELD_COLUMNS))),
+        dev=DevSet(pairs=ray.put(pre.dev_pairs) if pre.dev_pairs is not None else None,
+                   batch_size=cfg.eval.batch_size, relation_weights=getattr(cfg.eval, "relation_weights", None)),
+        run_folder=f"{_storage(cfg).rstrip('/')}/{run_name}",  # where Ray Train puts this run's checkpoints
+        tracking=RunTarget(tracking_uri(), run_id, cfg.tracking.retry_seconds),
+        extras={k: v for k, v in extras.items() if k not in ("heldout", "counts")},  # driver-side only
+    )
+
+
+def _fit(cfg: TrainJobConfig, ds, worker_config: WorkerConfig, run_name: str, callbacks: list | None):
+    """The Ray Train worker group; a checkpoint that cannot be written ends the run with where and what to do."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    trainer = TorchTrainer(
+        train_loop_per_worker, train_loop_config=worker_config, datasets={"train": ds},
+        # Not split: every worker reads the whole corpus and takes its rows by index (training/plan.py), so the rows
+        # of each step do not depend on how Ray Data hands out blocks.
+        dataset_config=ray.train.DataConfig(datasets_to_split=[]),
+        torch_config=TorchConfig(backend="nccl" if cfg.trainer.use_gpu else "gloo"),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=cfg.trainer.num_workers, use_gpu=cfg.trainer.use_gpu,
+            resources_per_worker=None if cfg.trainer.use_gpu else {"CPU": cfg.trainer.cpus_per_worker},
+        ),
+        run_config=ray.train.RunConfig(
+            name=run_name, storage_path=_storage(cfg),
+            checkpoint_config=ray.train.CheckpointConfig(  # by dev score, else the latest
+                num_to_keep=cfg.trainer.keep_checkpoints,
+                checkpoint_score_attribute=DEV_METRIC if worker_config.dev.pairs is not None else None,
+                checkpoint_score_order="max"),
+            failure_config=ray.train.FailureConfig(max_failures=cfg.trainer.max_failures),
+            worker_runtime_env={"env_vars": _worker_env()}, callbacks=callbacks or None,
+        ),
+    )
+    try:
+        return trainer.fit()
+    except Exception as exc:
+        failure = storage_failure(exc, worker_config.run_folder)
+        if failure is None:
+            raise
+        raise failure from exc
+
+
+def _export_best(result, by_dev: bool, cfg: TrainJobConfig, out_dir: Path):
+    """The best checkpoint's model into ``out_dir``, with the config and the dev curve; (its metrics, its history,
+    the curve's PNG or None without dev scores)."""
+    best_checkpoint, best_metrics = _best(result, by_dev)
+    with best_checkpoint.as_directory() as folder:
+        shutil.rmtree(out_dir / MODEL_DIR, ignore_errors=True)
+        shutil.copytree(Path(folder) / MODEL_DIR, out_dir / MODEL_DIR)
+        history = _history(Path(folder))
+    (out_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2))
+    return best_metrics, history, plot_dev_curve(history, out_dir / "dev_curve.png")
+
+
+def _payload(cfg: TrainJobConfig, pre: Preflight, result, best_metrics: dict, report, plan, run_id: str,
+             run_name: str, resumed: bool, out_dir: Path, finished: dict) -> dict[str, Any]:
+    """The job's JSON-line payload (registration fills model_uri, registered_model and version)."""
+    from runtime.tracking_store import tracking_uri
+
+    final = result.metrics or {}
+    best_dev = best_metrics.get(DEV_METRIC) if pre.dev_pairs is not None else None
+    return {
+        "stage": cfg.stage, "run_id": run_id, "run_name": run_name, "resumed": resumed,
+        "model_path": str(out_dir / MODEL_DIR), "model_uri": None, "registered_model": None, "version": None,
+        "metrics": {"train_loss": final.get("train_loss"), "grad_norm": final.get("grad_norm"),
+                    "steps": final.get("step"), "best_" + DEV_METRIC: best_dev, "best_step": best_metrics.get("step")},
+        "start_model": pre.start_model,
+        "rows_in": report.rows_in, "rows_written": report.rows_written,
+        "rows_quarantined": report.rows_quarantined, "quarantine_path": report.quarantine_path,
+        "plan": plan.as_dict(), "strategy": cfg.trainer.strategy, "num_workers": cfg.trainer.num_workers,
+        "quantization": cfg.model.quantization, "lora": cfg.model.lora.model_dump() if cfg.model.lora else None,
+        "checkpoint_path": result.path, "tracking_uri": tracking_uri(), "experiment": cfg.tracking.experiment,
+        **finished,
+    }
+
+
+def _log_and_register(cfg: TrainJobConfig, pre: Preflight, payload: dict, history: list, curve: Path | None, report,
+                      plan, finished: dict, out_dir: Path, registered: str | None) -> dict[str, Any]:
+    """The model card, the run's results in MLflow and (unless a sweep trial) the registered version, each waiting
+    out a tracking outage for tracking.retry_seconds; returns what registration adds to the payload."""
+    import mlflow
+
+    from objectives.registry import CompositeObjective
+    from tracking.metrics import with_retries
+    from tracking.model_card import model_card, write_model_card
+    from tracking.registry import log_and_register
+
+    metrics = payload["metrics"]
+    card = write_model_card(out_dir / MODEL_DIR, model_card(
+        cfg, {**payload, "registered_model": registered},
+        CompositeObjective(cfg.objective.weights, pre.params).describe(), pre.kind.unit))
+
+    def log_results() -> None:  # idempotent, so a tracking outage can be waited out (with_retries)
+        mlflow.log_dict({"history": history, "plan": plan.as_dict(), "data": report.as_dict()},
+                        "training_summary.json")
+        if curve:
+            mlflow.log_artifact(str(curve))
+        _log_finished(finished)
+        per_step = ("train_loss", "grad_norm")  # logged per step already: the final values get their own names
+        mlflow.log_metrics({("final_" + k if k in per_step else k): float(v) for k, v in metrics.items()
+                            if v is not None})
+        mlflow.log_artifact(str(card), "model_card")
+        mlflow.set_tag("raoe.model_card", "model_card/README.md")
+
+    keep = f"; the trained model is safe at {out_dir / MODEL_DIR}"
+    with_retries(log_results, "logging the results to MLflow" + keep, cfg.tracking.retry_seconds)
+    if registered is None:
+        return {}
+    tags = {"raoe.stage": cfg.stage, "data": cfg.data.train or "", "objective": json.dumps(cfg.objective.weights),
+            "start_model": pre.start_model, DEV_METRIC: metrics["best_" + DEV_METRIC]}
+    return with_retries(lambda: log_and_register(out_dir / MODEL_DIR, payload["run_id"], registered, tags),
+                        f"registering {registered}" + keep, cfg.tracking.retry_seconds)
 
 
 def _log_finished(finished: dict[str, Any]) -> None:
