@@ -201,7 +201,7 @@ def embed_by_length(module, model, texts: list[str], device: str | torch.device 
     """``embed`` in ``buckets`` forward passes over the texts grouped by length, each padded only to its own longest
     text (an SNLI premise is about twice as long as its hypothesis); embeddings come back in input order.
     Exactly ``buckets`` passes whenever there are ``2 * buckets`` texts or more, whatever their count, so workers
-    that agreed on ``buckets`` (training/kinds.py) run the same number of forward passes."""
+    given the same ``buckets`` (training/kinds.py) run the same number of forward passes."""
     if buckets <= 1 or len(texts) < 2 * buckets:
         return embed(module, model, texts, device)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))

@@ -159,7 +159,7 @@ def main(cfg: GenerateListsJobConfig) -> dict:
     kind, column = SEED_SOURCES[cfg.lists.seeds_from]
     with ray_session():
         ds, report = load_configured(kind, cfg.data, out / "quarantine.jsonl")
-        texts = seed_candidates(ds.take_all(), column)
+        texts = seed_candidates(ds.select_columns([column]).take_all(), column)
         if not texts:
             raise ValueError(f"data.train has no {cfg.lists.seeds_from} to sample seeds from (column {column})")
         chosen = kmeans_seeds(encoder.encode(texts), cfg.lists.clusters, cfg.lists.per_cluster, cfg.lists.seed)

@@ -58,25 +58,12 @@ def dropout_rate(model: torch.nn.Module, p: float | None):
         yield
 
 
-def agreed_buckets(texts: int, buckets: int, device) -> int:
-    """The number of length buckets every worker uses for this encoder call: ``buckets`` when every worker holds
-    at least ``2 * buckets`` texts, else 1. Each forward pass is a collective (DDP broadcasts buffers, ZeRO-3
-    gathers weights), so a worker with many texts (long ranked lists) must not run more passes than one with few;
-    the all-reduce itself is issued by every worker at the same call, whatever its rows hold."""
-    import torch.distributed as dist
-
-    local = buckets if buckets > 1 and texts >= 2 * buckets else 1
-    if buckets <= 1 or not dist.is_initialized() or dist.get_world_size() == 1:
-        return local
-    agreed = torch.tensor([local], dtype=torch.int64, device=device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
-    return int(agreed.item())
-
-
 def _encode(module, model, texts: list[str], device, autocast, buckets: int) -> torch.Tensor:
+    """Each forward pass is a collective (DDP broadcasts buffers, ZeRO-3 gathers weights), so every worker must run
+    as many: ``embed_by_length`` runs ``buckets`` passes for 2 x ``buckets`` texts or more, so a caller whose text
+    count differs between workers (ranked lists) chooses ``buckets`` from a count every worker holds."""
     from encoders.backbone import embed_by_length
 
-    buckets = agreed_buckets(len(texts), buckets, device)
     with autocast or contextlib.nullcontext():
         return embed_by_length(module, model, texts, device, buckets).float()
 
@@ -240,6 +227,9 @@ def lists_batch(module, model, rows: dict[str, np.ndarray], device, autocast=Non
     from objectives.registry import EmbeddingBatch
 
     lists = [[str(s) for s in sentences] for sentences in rows["sentences"]]
+    # Every worker holds len(lists) lists (the micro-batch) of 2 sentences or more, whatever their lengths: bucket
+    # by that floor, not by this worker's own sentence count, so all run the same number of forward passes.
+    buckets = buckets if len(lists) >= buckets else 1
     local = _encode(module, model, [s for sentences in lists for s in sentences], device, autocast, buckets)
     lengths = gather_no_grad(torch.tensor([len(x) for x in lists], device=device)).tolist()
     flat = np.concatenate([np.asarray(t, dtype=np.float32) for t in rows["teacher_sim"]])
