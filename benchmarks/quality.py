@@ -46,12 +46,12 @@ METHODS = {
 
 def score(model_path: str) -> dict[str, float]:
     """STS-B dev and STS12 (SentEval 'all') of a model folder or source, in this process."""
-    from encoders.backbone import encode_texts, load_encoder
+    from encoders.backbone import inference_embeddings, load_encoder
     from encoders.model_uris import resolve_model
     from evaluation.sts import evaluate_sts
 
     model = load_encoder(resolve_model(model_path))
-    encode = lambda texts: encode_texts(model, texts, 128)  # noqa: E731
+    encode = lambda texts: inference_embeddings(model, texts, 128)  # noqa: E731
     dev = evaluate_sts(encode, SENTEVAL, ["STSBenchmark"], stsb_split="dev")["STSBenchmark"]
     sts12 = evaluate_sts(encode, SENTEVAL, ["STS12"])["STS12"]
     return {"stsb_dev": dev, "sts12": sts12}

@@ -26,7 +26,7 @@ WEIGHTINGS = {"entailment": {"entailment": 1.0}, "entailment + same-sent": {"ent
 
 def scores(model_path: str) -> dict[str, dict[str, float]]:
     """STS-B dev and STS12: plain cosine, and for an RSE model each relation weighting."""
-    from encoders.backbone import encode_texts, load_encoder
+    from encoders.backbone import inference_embeddings, load_encoder
     from encoders.relational import read_relation_table
     from evaluation.sts import evaluate_sts, relation_sts_scorer
 
@@ -36,7 +36,7 @@ def scores(model_path: str) -> dict[str, dict[str, float]]:
     def encode(texts):
         missing = [t for t in texts if t not in cache]
         if missing:
-            cache.update(zip(missing, encode_texts(model, missing, 128)))
+            cache.update(zip(missing, inference_embeddings(model, missing, 128)))
         return [cache[t] for t in texts]
 
     saved = read_relation_table(model_path)

@@ -92,8 +92,9 @@ def run_raoe_bare(frame, steps: int, batch: int) -> dict:
     from encoders.backbone import build_encoder
     from encoders.sources import resolve_model_source
     from jobconfig.schema import TrainerConfig
-    from objectives.registry import CompositeObjective
-    from training.kinds import text_pairs_batch
+    from objectives.composite import CompositeObjective
+    from training.kinds import BatchContext, ModelAdditions
+    from training.kinds.text import text_pairs_batch
     from training.loop import seed_everything
     from training.plan import plan_steps
     from training.strategy import TorchStrategy
@@ -104,15 +105,16 @@ def run_raoe_bare(frame, steps: int, batch: int) -> dict:
     model.train()
     plan = plan_steps(len(frame), world=1, global_batch=batch, grad_accum=1, epochs=1, max_steps=steps,
                       warmup_ratio=0.1)
-    strategy = TorchStrategy(model, TrainerConfig(lr=LR, weight_decay=0.01, grad_clip=1.0, bf16=False), plan, 1)
+    strategy = TorchStrategy(model, TrainerConfig(lr=LR, weight_decay=0.01, grad_clip=1.0, bf16=False), plan, 1,
+                             ModelAdditions())
     objective = CompositeObjective({"cosent": 1.0}, {"cosent": {"tau": TAU}})
     times = []
     for step in range(steps):
         rows = frame.iloc[step * batch:(step + 1) * batch]
         data = {"text1": rows["sentence1"].to_numpy(), "text2": rows["sentence2"].to_numpy(),
                 "similarity": rows["score"].to_numpy(np.float64)}
-        loss, _ = objective(text_pairs_batch(strategy.module, model, data, torch.device("cpu"), None, LENGTH_BUCKETS,
-                                            fields=("scores",)))
+        loss, _ = objective(text_pairs_batch(BatchContext(strategy.module, model, torch.device("cpu"),
+                                                         length_buckets=LENGTH_BUCKETS, fields=("scores",)), data))
         strategy.backward(loss)
         strategy.step()
         times.append(time.perf_counter())

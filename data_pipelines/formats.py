@@ -20,7 +20,7 @@ from data_pipelines.records import (
 )
 
 Row = dict[str, Any]
-KINDS = ("pairs", "sts", "sentences", "lists", "triples")
+CORPUS_KINDS = ("pairs", "sts", "sentences", "lists", "triples")
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str | None, str | None]]:
@@ -255,7 +255,7 @@ def parse(kind: str, fmt: str, path: Path, split: str | None = None) -> Iterator
     """Every raw record of ``path`` as a row with all of the kind's fields (None on bad rows) plus
     ``source``, ``line``, ``error`` (None when good), ``raw`` (the text of a bad row) and ``skipped``."""
     if kind not in PARSERS:
-        raise ValueError(f"unknown corpus kind {kind!r}; known: {KINDS}")
+        raise ValueError(f"unknown corpus kind {kind!r}; known: {CORPUS_KINDS}")
     if fmt not in PARSERS[kind]:
         raise ValueError(f"format {fmt!r} does not hold {kind}; use one of {sorted(PARSERS[kind])}")
     empty = dict.fromkeys(FIELDS[kind])
@@ -263,4 +263,4 @@ def parse(kind: str, fmt: str, path: Path, split: str | None = None) -> Iterator
         yield {**empty, "skipped": False, **row}
 
 
-__all__ = ["KINDS", "PARSERS", "NO_LABEL", "detect_format", "normalise_label", "parse"]
+__all__ = ["CORPUS_KINDS", "PARSERS", "NO_LABEL", "detect_format", "normalise_label", "parse"]

@@ -9,6 +9,7 @@ import json
 import math
 from typing import Any
 
+from data_pipelines.formats import FIELDS
 from data_pipelines.records import (
     LABELS,
     NO_LABEL,
@@ -114,8 +115,6 @@ def hub_record(kind: str, row: dict[str, Any], columns: dict[str, str], scale: f
 def hub_rows(kind: str, source: str, split: str | None):
     """A Ray Dataset of raw rows (fields + source/line/error/raw/skipped), like the file parsers produce."""
     import ray
-
-    from data_pipelines.formats import FIELDS
 
     if kind not in COLUMNS:
         raise ValueError(f"hub datasets hold pairs, sts, sentences or triples, not {kind!r}")

@@ -10,6 +10,8 @@ import re
 
 import torch
 
+from encoders.sources import resolve_model_source
+
 
 def _prefill(model, tokenizer, prompts: list[str], device):
     """Left-padded prompts through the model once: (last logits, KV cache, attention mask, next positions)."""
@@ -148,8 +150,6 @@ class ListGenerator:
                  trust_remote_code: bool = False):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from encoders.sources import resolve_model_source
 
         torch.set_num_threads(threads)
         path = resolve_model_source(model)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from data_pipelines.formats import FIELDS, PARSERS, detect_format, parse
+from data_pipelines.hub import hub_rows, is_hub_source
 
 MAX_LISTED = 20
 
@@ -66,8 +67,6 @@ def corpus_files(path: str | Path, kind: str, fmt: str) -> tuple[list[Path], str
 def read_raw(kind: str, path: str | Path, fmt: str = "auto", split: str | None = None):
     """Every raw record as a Ray Dataset row (fields + provenance + error); files are parsed in parallel."""
     import ray
-
-    from data_pipelines.hub import hub_rows, is_hub_source
 
     if is_hub_source(path):
         return hub_rows(kind, str(path), split), [str(path)], "hub"

@@ -14,6 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from data_pipelines.hub import is_hub_source
+from data_pipelines.readers import DataReport, corpus_files, load_corpus
+from data_pipelines.triplets import nli_triplets
+from jobconfig.schema import TripleSource
+
 TRIPLE_COLUMNS = ["head", "tail", "relation", "negative"]
 CORPUS = {"triples": "triples", "nli": "pairs", "same-sent": "sentences"}  # reader kind of each mapping
 DEFAULT_RELATION = {"nli": "entailment", "same-sent": "same-sent"}
@@ -31,8 +36,6 @@ class TripleData:
 
 def sources(data_cfg) -> list:
     """data.train (with data.format/split/mapping/relation/max_rows/shuffle_seed) followed by data.sources."""
-    from jobconfig.schema import TripleSource
-
     first = []
     if data_cfg.train:
         first = [TripleSource(train=data_cfg.train, format=data_cfg.format, split=data_cfg.split,
@@ -41,8 +44,6 @@ def sources(data_cfg) -> list:
     every = first + list(data_cfg.sources)
     if not every:
         raise ValueError("data.train (or data.sources) must name the relation triples")
-    from data_pipelines.hub import is_hub_source
-    from data_pipelines.readers import corpus_files
 
     for source in every:  # every path and format checked before any source is read
         if not is_hub_source(source.train):
@@ -53,8 +54,6 @@ def sources(data_cfg) -> list:
 def _as_triples(ds, source):
     """A validated corpus of the source's reader kind -> a pandas frame of triples."""
     import pandas as pd
-
-    from data_pipelines.triplets import nli_triplets
 
     if source.mapping == "triples":
         frame = ds.to_pandas()
@@ -78,8 +77,6 @@ def load_triples(data_cfg, quarantine_path: str | Path):
     """Every source read and validated (bad rows named or quarantined into one file), as one frame of triples,
     with the readers' combined DataReport."""
     import pandas as pd
-
-    from data_pipelines.readers import DataReport, load_corpus
 
     quarantine_path = Path(quarantine_path)
     frames, report, quarantined = [], DataReport(format="+".join(s.format for s in sources(data_cfg))), []

@@ -26,6 +26,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from encoders.sources import cache_root, resolve_model_source
 from jobconfig.schema import TrustRemoteCode
 
 # Table 2: human-annotated semantic importance of each part of speech (spaCy's universal POS tags).
@@ -310,8 +311,6 @@ class SanGenerator:
 
     def __init__(self, cfg: dict):
         import torch
-
-        from encoders.sources import cache_root, resolve_model_source
 
         self.cfg = SanConfig(**cfg)
         torch.set_num_threads(self.cfg.threads)

@@ -9,6 +9,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from encoders.sources import resolve_model_source
 from jobconfig.schema import TrustRemoteCode
 
 
@@ -39,8 +40,6 @@ class TeacherEncoder:
     """Loads one teacher and encodes sentences to numpy embeddings."""
 
     def __init__(self, cfg: TeacherConfig):
-        from encoders.sources import resolve_model_source
-
         self.cfg = cfg
         path = resolve_model_source(cfg.source)
         kind = cfg.kind

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,27 @@ import torch
 
 from encoders.relation_table import save_relation_table
 
+# raoe's settings on every model it builds or loads (``model.encoder_settings``): what training ran, for inference
+# and export
+
 # raoe's pooling names -> sentence-transformers' Pooling modes
 POOLING_MODES = {"mean": "mean", "cls": "cls", "last_token": "lasttoken"}
 RAOE_META = "raoe_encoder.json"
 MODEL_CARD = "README.md"  # the model card beside the weights (tracking.model_card writes it)
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    """What raoe knows of a model beyond sentence-transformers' own config, set on every model ``build_encoder`` and
+    ``load_encoder`` return (``model.encoder_settings``) and written to ``raoe_encoder.json`` on export: the prompt
+    template (sentence-transformers' prompts cannot express a suffix), the quantization to load its base with, the
+    tokenizer's padding side, whether its shipped code may run, and an RSE model's relation names."""
+
+    prompt: str | None = None
+    quantization: str = "none"
+    padding_side: str | None = None
+    trust_remote_code: bool = False
+    relations: tuple[str, ...] = ()  # names of the relation table's rows (encoders.relation_table), RSE only
 
 
 def dropout_overrides(model_path: str, dropout: float | None, trust_remote_code: bool = False) -> dict[str, float]:
@@ -174,10 +192,8 @@ def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 6
     prompts = {"sentence": prefix} if prefix else None
     model = SentenceTransformer(modules=[transformer, pool], device=device if quant is None else None, prompts=prompts,
                                 default_prompt_name="sentence" if prefix else None)
-    model.raoe_prompt = prompt
-    model.raoe_quantization = quantization if quant is not None else "none"
-    model.raoe_padding_side = tokenizer.padding_side
-    model.raoe_trust_remote_code = trust_remote_code
+    model.encoder_settings = EncoderSettings(prompt=prompt, quantization=quantization if quant is not None else "none",
+                                             padding_side=tokenizer.padding_side, trust_remote_code=trust_remote_code)
     return model
 
 
@@ -185,28 +201,30 @@ def apply_prompt(texts: list[str], prompt: str | None) -> list[str]:
     return list(texts) if not prompt else [prompt.replace("{text}", t) for t in texts]
 
 
-def encode_features(model, texts: list[str], device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """Tokenised, dynamically padded inputs (to the longest text of this batch, at most max_length)."""
-    features = model.preprocess(apply_prompt(texts, getattr(model, "raoe_prompt", None)))
+def tokenize(model, texts: list[str], device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Tokenised, dynamically padded inputs with the prompt template applied (padded to the longest text of this
+    batch, at most max_length)."""
+    features = model.preprocess(apply_prompt(texts, model.encoder_settings.prompt))
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
 
 
-def embed(module, model, texts: list[str], device: str | torch.device = "cpu") -> torch.Tensor:
-    """Sentence embeddings with gradient. ``module`` is what runs the forward (the model itself, or its
-    DDP/DeepSpeed wrapper); ``model`` is the bare SentenceTransformer (for its tokenizer)."""
-    return module(encode_features(model, texts, device))["sentence_embedding"]
+def forward_pass(module, model, texts: list[str], device: str | torch.device = "cpu") -> torch.Tensor:
+    """Sentence embeddings with gradient, in one forward pass. ``module`` is what runs the forward (the model itself,
+    or its DDP/DeepSpeed wrapper); ``model`` is the bare SentenceTransformer (for its tokenizer)."""
+    return module(tokenize(model, texts, device))["sentence_embedding"]
 
 
-def embed_by_length(module, model, texts: list[str], device: str | torch.device = "cpu", buckets: int = 2) -> torch.Tensor:
-    """``embed`` in ``buckets`` forward passes over the texts grouped by length, each padded only to its own longest
+def forward_in_length_buckets(module, model, texts: list[str], device: str | torch.device = "cpu",
+                              buckets: int = 2) -> torch.Tensor:
+    """``forward_pass`` in ``buckets`` forward passes over the texts grouped by length, each padded only to its own longest
     text (an SNLI premise is about twice as long as its hypothesis); embeddings come back in input order.
     Exactly ``buckets`` passes whenever there are ``2 * buckets`` texts or more, whatever their count, so workers
-    given the same ``buckets`` (training/kinds.py) run the same number of forward passes."""
+    given the same ``buckets`` (training.kinds.base.BatchContext) run the same number of forward passes."""
     if buckets <= 1 or len(texts) < 2 * buckets:
-        return embed(module, model, texts, device)
+        return forward_pass(module, model, texts, device)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     bounds = [len(texts) * b // buckets for b in range(buckets + 1)]
-    parts = [embed(module, model, [texts[i] for i in order[start:end]], device)
+    parts = [forward_pass(module, model, [texts[i] for i in order[start:end]], device)
              for start, end in zip(bounds, bounds[1:])]
     inverse = torch.tensor(order).argsort()  # position of each input text in the sorted order
     return torch.cat(parts)[inverse.to(parts[0].device)]
@@ -224,12 +242,11 @@ def export_encoder(model, path: str | Path, meta: dict[str, Any] | None = None) 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save(str(path), create_model_card=False)
-    info = {"prompt": getattr(model, "raoe_prompt", None), "quantization": getattr(model, "raoe_quantization", "none"),
-            "padding_side": getattr(model, "raoe_padding_side", None),
-            "trust_remote_code": bool(getattr(model, "raoe_trust_remote_code", False)), **(meta or {})}
-    (path / RAOE_META).write_text(json.dumps(info, indent=2, default=str))
-    if getattr(model, "relation_names", None) is not None:  # an RSE model: its relation table next to the encoder
-        save_relation_table(model, path)
+    settings = model.encoder_settings
+    info = {k: v for k, v in asdict(settings).items() if k != "relations"}
+    (path / RAOE_META).write_text(json.dumps({**info, **(meta or {})}, indent=2, default=str))
+    if settings.relations:  # an RSE model: its relation table next to the encoder
+        save_relation_table(model, settings.relations, path)
     return path
 
 
@@ -255,13 +272,19 @@ def load_encoder(path: str | Path, device: str = "cpu"):
         set_peft_model_state_dict(auto_model, saved, adapter_name="default")
     if meta.get("padding_side"):
         model.tokenizer.padding_side = meta["padding_side"]
-    model.raoe_prompt = meta.get("prompt")
-    model.raoe_quantization = meta.get("quantization", "none")
+    model.encoder_settings = EncoderSettings(prompt=meta.get("prompt"), quantization=meta.get("quantization", "none"),
+                                             padding_side=model.tokenizer.padding_side,
+                                             trust_remote_code=bool(meta.get("trust_remote_code")))
     return model
 
 
-def encode_texts(model, texts: list[str], batch_size: int = 64) -> "np.ndarray":  # noqa: F821
-    """Inference embeddings (numpy), length-sorted batches, no gradient, with raoe's prompt template."""
+def with_relations(model, names: list[str]) -> None:
+    """Record an RSE model's relation names in its settings (the table itself is a parameter of the model)."""
+    model.encoder_settings = replace(model.encoder_settings, relations=tuple(names))
+
+
+def inference_embeddings(model, texts: list[str], batch_size: int = 64) -> "np.ndarray":  # noqa: F821
+    """Inference embeddings (numpy): eval mode, no gradient, length-sorted batches, raoe's prompt template."""
     import numpy as np
 
     was_training = model.training
@@ -271,7 +294,7 @@ def encode_texts(model, texts: list[str], batch_size: int = 64) -> "np.ndarray":
     with torch.no_grad():
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            emb = embed(model, model, [texts[i] for i in idx], model.device).float().cpu().numpy()
+            emb = forward_pass(model, model, [texts[i] for i in idx], model.device).float().cpu().numpy()
             for i, e in zip(idx, emb):
                 out[i] = e
     model.train(was_training)

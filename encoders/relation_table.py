@@ -29,30 +29,11 @@ def read_relation_table(folder: str | Path) -> tuple[list[str], np.ndarray] | No
     return names, vectors
 
 
-def attach_relation_table(model: torch.nn.Module, names: list[str], start_folder: str | Path | None, *,
-                          init_std: float, seed: int) -> None:
-    """Give the training model its relation table, a [K, d] parameter registered on the model (so DDP and
-    DeepSpeed all-reduce, shard and checkpoint it with the encoder) and used by the loss outside the forward.
-    Vectors of relations the start folder already holds are loaded (a resumed run, or a trained RSE start model);
-    the others start as N(0, init_std^2) from ``seed``."""
-    dim = model.get_embedding_dimension()
-    generator = torch.Generator().manual_seed(seed)
-    table = torch.randn(len(names), dim, generator=generator) * init_std
-    saved = read_relation_table(start_folder) if start_folder else None
-    if saved is not None:
-        for k, name in enumerate(saved[0]):
-            if name in names:
-                table[names.index(name)] = torch.from_numpy(saved[1][k].copy())
-    device = next(model.parameters()).device
-    model.register_parameter(TABLE, torch.nn.Parameter(table.to(device)))
-    model.relation_names = list(names)
-
-
-def save_relation_table(model: torch.nn.Module, folder: str | Path) -> None:
+def save_relation_table(model: torch.nn.Module, names: tuple[str, ...] | list[str], folder: str | Path) -> None:
     from safetensors.numpy import save_file
 
-    vectors = getattr(model, TABLE).detach().float().cpu().numpy()
+    vectors = model.get_parameter(TABLE).detach().float().cpu().numpy()
     folder = Path(folder)
-    (folder / RELATIONS_JSON).write_text(json.dumps({"relations": model.relation_names, "dim": vectors.shape[1]},
+    (folder / RELATIONS_JSON).write_text(json.dumps({"relations": list(names), "dim": vectors.shape[1]},
                                                     indent=2))
     save_file({TABLE: vectors}, str(folder / RELATIONS_WEIGHTS))

@@ -16,17 +16,30 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from encoders.backbone import encode_texts, load_encoder
+from encoders.backbone import inference_embeddings, load_encoder, with_relations
 from encoders.model_uris import resolve_model
-from encoders.relation_table import (  # noqa: F401  (re-exported: the relation table is part of an RSE model)
-    RELATIONS_JSON,
-    RELATIONS_WEIGHTS,
-    TABLE,
-    attach_relation_table,
-    read_relation_table,
-    save_relation_table,
-)
+from encoders.relation_table import RELATIONS_JSON, TABLE, read_relation_table
+
+
+def attach_relation_table(model: torch.nn.Module, names: list[str], start_folder: str | Path | None, *,
+                          init_std: float, seed: int) -> None:
+    """Give the training model its relation table, a [K, d] parameter registered on the model (so DDP and
+    DeepSpeed all-reduce, shard and checkpoint it with the encoder) and used by the loss outside the forward.
+    Vectors of relations the start folder already holds are loaded (a resumed run, or a trained RSE start model);
+    the others start as N(0, init_std^2) from ``seed``."""
+    dim = model.get_embedding_dimension()
+    generator = torch.Generator().manual_seed(seed)
+    table = torch.randn(len(names), dim, generator=generator) * init_std
+    saved = read_relation_table(start_folder) if start_folder else None
+    if saved is not None:
+        for k, name in enumerate(saved[0]):
+            if name in names:
+                table[names.index(name)] = torch.from_numpy(saved[1][k].copy())
+    device = next(model.parameters()).device
+    model.register_parameter(TABLE, torch.nn.Parameter(table.to(device)))
+    with_relations(model, names)
 
 
 def normalised_weights(names: list[str], weights: dict[str, float] | None) -> np.ndarray:
@@ -138,7 +151,7 @@ class RelationalEncoder:
         return {name: self.vectors[k] for k, name in enumerate(self.names)}
 
     def encode(self, sentences: list[str]) -> np.ndarray:
-        return encode_texts(self.model, list(sentences), self.batch_size)
+        return inference_embeddings(self.model, list(sentences), self.batch_size)
 
     def score(self, a: list[str], b: list[str], relation: str | None = None,
               weights: dict[str, float] | None = None, both_directions: bool = False) -> np.ndarray:

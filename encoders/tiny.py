@@ -6,6 +6,8 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
+from encoders.cache import ModelSourceError, building, cache_root
+
 WORDS = (
     "a an the of to in on at for with by from and or but not no is are was were be been has have had do does "
     "did this that these those it its he she they we you i my his her their our man woman men women boy girl "
@@ -79,8 +81,6 @@ def _fit_writer(model, tokenizer, steps: int = 120, batch: int = 32) -> None:
 
 def build_tiny_model(kind: str = "bert") -> Path:
     """Build (once, deterministically) a tiny model under the raoe cache and return its folder."""
-    from encoders.cache import ModelSourceError, building, cache_root
-
     # two random BERTs (e.g. two tiny teachers), a causal-LM backbone, a masked LM (SAN), a causal LM with its head,
     # and that causal LM fitted to answer WRITER_PROMPT with a sentence (ranked lists)
     seeds = {"bert": 0, "bert-alt": 1, "qwen2": 2, "bert-mlm": 3, "qwen2-lm": 4, "qwen2-writer": 5}

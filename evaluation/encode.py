@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from encoders.backbone import inference_embeddings, load_encoder
+from evaluation.sts import evaluate_sts
+
 
 class SentenceEncoderActor:
     """A Ray Data ``map_batches`` callable class holding one model, loaded as training exported it (so a
@@ -12,16 +15,12 @@ class SentenceEncoderActor:
     def __init__(self, model_path: str, batch_size: int = 64):
         import torch
 
-        from encoders.backbone import load_encoder
-
         torch.set_num_threads(max(1, torch.get_num_threads()))
         self.model = load_encoder(model_path)
         self.batch_size = batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from encoders.backbone import encode_texts
-
-        emb = encode_texts(self.model, [str(t) for t in batch["text"]], self.batch_size)
+        emb = inference_embeddings(self.model, [str(t) for t in batch["text"]], self.batch_size)
         return {"idx": batch["idx"], "embedding": emb.astype(np.float32)}
 
 
@@ -70,8 +69,6 @@ def score_with_ray(model_path: str, eval_cfg, *, actors: int = 1, cpus_per_actor
                    predictions: dict | None = None, score=None, cache: dict | None = None) -> dict:
     """The STS suite of ``eval_cfg`` (an EvalConfig) for one model, encoded by a Ray Data actor pool; ``score``
     replaces the cosine (an RSE model's relation score); ``cache`` shares embeddings between calls."""
-    from evaluation.sts import evaluate_sts
-
     encode = ray_encoder(model_path, eval_cfg.batch_size, actors=actors, cpus_per_actor=cpus_per_actor, cache=cache)
     return evaluate_sts(encode, eval_cfg.data_dir, eval_cfg.tasks, max_pairs=eval_cfg.max_pairs,
                         stsb_split=eval_cfg.stsb_split, predictions=predictions, score=score)

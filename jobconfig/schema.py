@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
-from objectives.registry import PRESETS, SPECS
+from objectives.composite import PRESETS, SPECS
 from runtime.paths import stable_path
 
 # An output location that outlives the job (runtime/paths.py): made absolute when the config is loaded.

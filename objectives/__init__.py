@@ -5,12 +5,12 @@ cross-entropy losses return the mean over anchors. See DESIGN.md, "objectives: f
 """
 
 from objectives.angle import angle_composite_loss, angle_ibn_loss, angle_loss, angle_similarity
+from objectives.composite import PRESETS, SPECS, CompositeObjective, EmbeddingBatch, objective_params
 from objectives.contrastive import hince_loss, infonce_loss
 from objectives.gated_angle import gated_angle_loss
 from objectives.gather import gather_no_grad, gather_with_grad
 from objectives.listwise import listmle_loss, refine_targets
 from objectives.rank_margin import cosent_loss, rank_margin_loss
-from objectives.registry import PRESETS, SPECS, CompositeObjective, EmbeddingBatch, objective_params
 from objectives.relational import relation_scores, relational_loss
 
 __all__ = [

@@ -32,7 +32,21 @@ def angle_similarity(e1: torch.Tensor, e2: torch.Tensor) -> torch.Tensor:
 def angle_loss(
     e1: torch.Tensor, e2: torch.Tensor, scores: torch.Tensor, *, tau: float = 20.0, method: str = "auto"
 ) -> torch.Tensor:
-    """AnglE Eq. 7: the CoSENT ranking applied to the complex-space angle similarity."""
+    """AnglE's angle objective (Eq. 7): the CoSENT ranking applied to the complex-space angle similarity
+    (``angle_similarity``), which keeps a gradient where the cosine saturates.
+
+    Args:
+        e1, e2: [B, d] embeddings of each pair's two texts (an odd d is zero-padded).
+        scores: [B] gold similarity. tau: scale (multiplies). method: "dense", "sorted" or "auto".
+
+    Inputs (config name ``angle``): STS or annotated NLI pairs. Batch fields: emb1, emb2, scores.
+
+    Reference: objectives.references.ANGLE.
+
+    Example::
+
+        objective: {preset: angle}   # cosent + angle_ibn + angle, AnglE Eq. 8
+    """
     return cosent_loss(angle_similarity(e1, e2), scores, tau=tau, method=method)
 
 
@@ -45,7 +59,20 @@ def angle_ibn_loss(
     ids1: torch.Tensor | None = None,
     ids2: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """AnglE Eq. 2: in-batch negatives with supervised positives, mean over the positive anchors.
+    """AnglE in-batch negatives (Eq. 2) with supervised positives, mean over the positive anchors.
+
+    Args:
+        e1, e2: [B, d] embeddings of each pair's texts. positive: [B] bool, the pairs that are positives.
+        tau: scale (multiplies). ids1, ids2: [B] text ids, to keep duplicates out of the denominators.
+
+    Inputs (config name ``angle_ibn``): pairs whose positives come from NLI labels (entailment), else from
+    S >= ``positive_threshold``. Batch fields: emb1, emb2, labels or scores, ids1, ids2.
+
+    Reference: objectives.references.ANGLE.
+
+    Example::
+
+        objective: {weights: {cosent: 1.0, angle_ibn: 1.0}, angle_ibn: {tau: 20.0, positive_threshold: 0.8}}
 
     ``positive[B]`` (bool) marks the pairs labelled as positives; only they are anchors, and for a
     graded label the caller decides what counts as positive (no integer cast of scores). The

@@ -15,7 +15,22 @@ def infonce_loss(
     anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor | None = None, *, tau: float = 0.05,
     negative_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Candidates of anchor i: every positive of the batch (+ every hard negative); target = its own positive."""
+    """Supervised SimCSE InfoNCE: anchor i against every positive of the global batch (and every hard negative),
+    cross-entropy to its own positive; cosines divided by ``tau``.
+
+    Args:
+        anchor, positive: [B, d]. negative: [B, d] hard negatives, or None (in-batch candidates only).
+        tau: temperature (divides). negative_mask: [B] bool, the hard negatives that are real.
+
+    Inputs (config name ``infonce``): SimCSE triplets (``data.triplets: true`` on NLI), pairs, or sentences
+    (unsupervised SimCSE: the two dropout views are anchor and positive). Batch fields: emb1, emb2, emb_neg.
+
+    Reference: objectives.references.SIMCSE.
+
+    Example::
+
+        objective: {weights: {infonce: 1.0}, infonce: {tau: 0.05}}
+    """
     return hince_loss(anchor, positive, negative, tau1=tau, tau2=tau, negative_mask=negative_mask)
 
 
@@ -28,10 +43,24 @@ def hince_loss(
     tau2: float = 0.08,
     negative_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Hierarchical InfoNCE: in-batch candidates at tau1, syntactically aligned negatives at tau2.
+    """Hierarchical InfoNCE (HiNCE, SAN paper Eq. 2): in-batch candidates at temperature tau1, syntactically aligned
+    negatives at tau2, in one softmax per anchor.
 
-    ``negative_mask`` [B] (bool) marks the rows whose aligned negative is real: an anchor the SAN guard left without
-    one keeps its place in the batch, and its placeholder row is left out of every anchor's softmax."""
+    Args:
+        anchor, positive: [B, d] (unsupervised: two dropout views of each sentence).
+        aligned_negative: [B, d] SAN negatives, each encoded at dropout ``model.negative_dropout`` (p2).
+        tau1, tau2: temperatures (divide). negative_mask: [B] bool, the rows whose aligned negative is real: an
+            anchor the SAN guard left without one keeps its place, its placeholder out of every softmax.
+
+    Inputs (config name ``hince``): sentences with a ``negative`` column from ``ray_jobs/generate_san.py``.
+    Batch fields: emb1, emb2, emb_neg, neg_mask.
+
+    Reference: objectives.references.SAN.
+
+    Example::
+
+        objective: {weights: {hince: 1.0}, hince: {tau1: 0.05, tau2: 0.08}}
+    """
     logits = cosine_matrix(anchor, positive) / tau1
     if aligned_negative is not None:
         negatives = cosine_matrix(anchor, aligned_negative) / tau2

@@ -21,7 +21,23 @@ def gated_angle_loss(
     tau: float = 20.0,
     method: str = "auto",
 ) -> torch.Tensor:
-    """RAOE Eq. 3 on pair cosines ``cos[B]``, NLI ``labels[B]`` and similarity scores ``scores[B]``."""
+    """RAOE Gated Angular objective (Eq. 3): where the NLI label says pair i is more related than pair j
+    (l_i < l_j) but its score S says less (s_i < s_j), the angle of i must still be the smaller:
+    ``log(1 + sum exp(tau (theta_j - theta_i)))`` over those gated pairs, theta = arccos(cos).
+
+    Args:
+        cos: [B] pair cosines. labels: [B] NLI labels (entailment 0, neutral 1, contradiction 2).
+        scores: [B] continuous similarity S. tau: scale (multiplies). method: "dense", "sorted" or "auto".
+
+    Inputs (config name ``gated_angle``): annotated NLI pairs (``pairs`` data with labels and S).
+    Batch fields: emb1, emb2, labels, scores.
+
+    Reference: objectives.references.RAOE.
+
+    Example::
+
+        objective: {preset: raoe}   # rank_margin 1.0 + gated_angle 1.0
+    """
     if not (cos.shape == labels.shape == scores.shape) or cos.dim() != 1:
         raise ValueError("cos, labels and scores must be 1-d tensors of equal length")
     theta = safe_arccos(cos)

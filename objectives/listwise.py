@@ -10,8 +10,22 @@ import torch
 
 
 def listmle_loss(pred: torch.Tensor, target: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """ListMLE over rows of ``pred[R, n]``: order = ``target`` sorted descending (ties: lower index first);
-    loss_row = sum_i logsumexp(p_pi(i..n)) - p_pi(i); mean over rows. ``mask[R, n]`` drops padding items."""
+    """ListMLE (ranked-lists paper Eq. 5) over rows of ``pred[R, n]``: order = ``target`` sorted descending (ties:
+    lower index first); loss_row = sum_i logsumexp(p_pi(i..n)) - p_pi(i); mean over rows.
+
+    Args:
+        pred: [R, n] predicted scores (the student's cosines / tau). target: [R, n] scores giving the true order
+            (the refined teacher similarities, ``refine_targets``). mask: [R, n] bool, real items of padded rows.
+
+    Inputs (config name ``listmle``): ranked lists from ``ray_jobs/generate_lists.py`` (``posttrain`` job), each
+    with its teacher matrix. Batch fields: list_emb, list_target, list_mask.
+
+    Reference: objectives.references.RANKED_LISTS.
+
+    Example::
+
+        objective: {weights: {listmle: 1.0}, listmle: {omega: 0.5, tau: 0.05}}
+    """
     if pred.dim() == 1:
         pred, target = pred[None], target[None]
         mask = None if mask is None else mask[None]

@@ -22,7 +22,27 @@ def rank_margin_loss(
     tau: float = 20.0,
     method: str = "auto",
 ) -> torch.Tensor:
-    """RAOE Eq. 2 on the cosines ``cos[B]`` of a batch of pairs with similarity scores ``scores[B]``."""
+    """RAOE Rank Margin (Eq. 2): a pair ranked more than ``margin`` places below another by its similarity S must
+    have the lower cosine, with a soft penalty ``log(1 + sum exp(tau (c_i - c_j)))`` over all such (i, j).
+
+    Args:
+        cos: [B] cosine of each pair of the global batch.
+        scores: [B] continuous similarity S of each pair (competition-ranked within the batch).
+        margin: rank gap I a pair must exceed to count (0 gives CoSENT).
+        tau: scale of the cosine differences (multiplies, as in sentence-transformers).
+        method: "dense" (B x B), "sorted" (O(B log B)) or "auto" (by batch size); equal results.
+
+    Inputs (config name ``rank_margin``): pairs with S, i.e. ``pairs`` or ``sts`` data annotated by
+    ``ray_jobs/annotate.py``. Batch fields: emb1, emb2, scores.
+
+    Reference: Zhou, Huang & Miao, Rank-Awareness and Angular Constraints (objectives.references.RAOE).
+
+    Example::
+
+        objective: {weights: {rank_margin: 1.0, gated_angle: 1.0}, rank_margin: {margin: 2.0, tau: 20.0}}
+
+        loss = rank_margin_loss(torch.tensor([0.9, 0.2, 0.5]), torch.tensor([0.95, 0.1, 0.6]), margin=0)
+    """
     if cos.shape != scores.shape or cos.dim() != 1:
         raise ValueError(f"cos and scores must be 1-d of equal length, got {tuple(cos.shape)} and {tuple(scores.shape)}")
     if choose_form(method, cos.numel()) == "dense":
@@ -31,7 +51,21 @@ def rank_margin_loss(
 
 
 def cosent_loss(cos: torch.Tensor, scores: torch.Tensor, *, tau: float = 20.0, method: str = "auto") -> torch.Tensor:
-    """CoSENT (Su 2022; AnglE Eq. 1): pairs with scores_j > scores_i, log(1 + sum exp(tau (c_i - c_j)))."""
+    """CoSENT (Su 2022; AnglE Eq. 1): every pair with a higher score must have the higher cosine,
+    ``log(1 + sum_{s_j > s_i} exp(tau (c_i - c_j)))``; the Rank Margin objective at margin 0.
+
+    Args:
+        cos: [B] pair cosines. scores: [B] gold similarity (any scale: only its order counts).
+        tau: scale (multiplies). method: "dense", "sorted" or "auto".
+
+    Inputs (config name ``cosent``): STS or annotated NLI pairs. Batch fields: emb1, emb2, scores.
+
+    Reference: objectives.references.COSENT, ANGLE.
+
+    Example::
+
+        objective: {weights: {cosent: 1.0}, cosent: {tau: 20.0}}
+    """
     return rank_margin_loss(cos, scores, margin=0, tau=tau, method=method)
 
 

@@ -20,7 +20,22 @@ def relational_loss(
     *,
     tau: float = 0.05,
 ) -> torch.Tensor:
-    """cos(head_i + relation_table[relation_i], tails (+ hard negatives)) / tau, cross-entropy to tail_i, mean.
+    """RSE relational contrastive objective (Eq. 1-2): cos(head_i + r_{relation_i}, every tail of the batch and
+    every hard negative) / tau, cross-entropy to tail_i, mean over triples.
+
+    Args:
+        head, tail: [B, d]. relation: [B] relation index. relation_table: [K, d] learned relation vectors.
+        hard_negative: [B', d] or None. head_ids, tail_ids, negative_ids: text ids for false-negative masking.
+        tau: temperature (divides).
+
+    Inputs (config name ``relational``): relation triples mixed by ``data.sources`` (``ray_jobs/relational.py``).
+    Batch fields: emb1, emb2, relation, relation_table, emb_neg, ids1, ids2, ids_neg.
+
+    Reference: objectives.references.RSE.
+
+    Example::
+
+        objective: {weights: {relational: 1.0}, relational: {tau: 0.05}}
 
     With text ids, false negatives leave row i's denominator: another triple's tail when that triple has the same
     head (the same anchor twice in a batch) or the same tail text, and any hard negative whose text is tail_i."""

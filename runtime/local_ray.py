@@ -21,7 +21,7 @@ SAFE_LOCAL_ENV = {
 # Variables that workers need too: the driver's environment does not reach a running cluster's workers.
 FORWARDED_ENV = (
     "MLFLOW_TRACKING_URI", "MLFLOW_DISABLE_TELEMETRY", "HF_HUB_OFFLINE", "HF_HOME", "RAOE_CACHE",
-    "TORCH_EXTENSIONS_DIR", "TOKENIZERS_PARALLELISM", "RAOE_DEV_DATA", "RAOE_FAULT_AT_STEP",
+    "TORCH_EXTENSIONS_DIR", "TOKENIZERS_PARALLELISM", "RAOE_DEV_DATA",
 )
 
 # Never upload these with `ray job submit --working-dir .`.

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from runtime.paths import base_dir, ray_package_root, stable_path
+from tracking.metrics import check_reachable
 
 SQLITE = "sqlite:///"
 
@@ -39,8 +40,6 @@ def artifact_root() -> Path:
 def ensure_experiment(name: str) -> str:
     """Create the experiment once, in the driver (concurrent creation on sqlite races), and return its id."""
     import mlflow
-
-    from tracking.metrics import check_reachable
 
     check_reachable(tracking_uri())  # before any Ray resource: a clear error naming the URI
     mlflow.set_tracking_uri(tracking_uri())

@@ -50,6 +50,8 @@ def model_card(cfg, result: dict[str, Any], described_objective: dict[str, dict]
             lines += ["", "| relation | MRR | Hits@1 | Hits@3 | Hits@10 |", "|---|---|---|---|---|",
                       *[f"| {r} | {v['mrr']:.3f} | {v['hits@1']:.3f} | {v['hits@3']:.3f} | {v['hits@10']:.3f} |"
                         for r, v in prediction.items()]]
+    bibtex = dict.fromkeys(entry for d in described_objective.values() for entry in d["bibtex"])  # once each
+    lines += ["", "## Citations", "", "```bibtex", *"\n\n".join(bibtex).splitlines(), "```"]
     uri = result.get("model_uri") or result.get("model_path")
     lines += [
         "", "## Loading", "", "```python",

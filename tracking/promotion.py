@@ -15,6 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from encoders.backbone import inference_embeddings, load_encoder
+from encoders.model_uris import download_model
+
 CHAMPION, CHALLENGER = "champion", "challenger"
 RESULTS_TAG, KEY_TAG = "sts_results", "sts_results.key"
 
@@ -55,9 +58,7 @@ def remember_scores(client, name: str, version, key: str | None, scores: dict[st
 
 def load_probe(path: str) -> None:
     """The cheapest proof a version works: it loads as training exported it and encodes a sentence."""
-    from encoders.backbone import encode_texts, load_encoder
-
-    encode_texts(load_encoder(path), ["a man plays music."])
+    inference_embeddings(load_encoder(path), ["a man plays music."])
 
 
 @dataclass
@@ -140,8 +141,6 @@ def _champion(client, name: str) -> int | None:
 def _decide_once(client, registered_model: str, candidate_version: int, champion_version: int | None, evaluate,
                  out: dict[str, Any], *, margin, guard_tasks, tolerance, eval_key, probe) -> Decision | None:
     """The decision against ``champion_version``; None (and ``out`` filled) when the candidate does not load."""
-    from encoders.model_uris import download_model
-
     def scores_of(version) -> dict[str, float | None]:
         known = remembered_scores(client, registered_model, version, eval_key)
         if known is not None:

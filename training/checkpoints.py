@@ -16,6 +16,8 @@ import shutil
 from datetime import datetime
 from pathlib import Path
 
+from runtime.result import root_cause
+
 MANIFEST = "manifest-rank{rank}.json"
 
 
@@ -131,8 +133,6 @@ def report_checkpoint(metrics: dict, folder: Path | None, run_folder: str, step:
 def storage_failure(exc: BaseException, run_folder: str) -> CheckpointWriteError | None:
     """The same error and advice when Ray Train's controller, not a worker, could not write to the run folder (its
     record of the checkpoints, rewritten after each one); None for any other failure."""
-    from runtime.result import root_cause
-
     root = root_cause(exc)
     if not isinstance(root, OSError):
         return None

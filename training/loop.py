@@ -11,9 +11,7 @@ format, optimizer, scheduler, step) that a restarted worker group resumes from.
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -23,20 +21,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from encoders.backbone import build_encoder, encode_texts, export_encoder
+from encoders.backbone import build_encoder, export_encoder, inference_embeddings
 from encoders.model_uris import resolve_model
 from encoders.relation_table import TABLE
 from evaluation.sts import pairs_spearman, relation_sts_scorer
-from objectives.registry import CompositeObjective
+from objectives.composite import CompositeObjective
 from tracking.metrics import MetricsLog
 from training.checkpoints import report_checkpoint, resume_folder, write_failed, write_manifest
-from training.kinds import KINDS
+from training.kinds import TRAINING_KINDS, BatchContext, DataKind, ModelAdditions
 from training.plan import StepPlan
 from training.rows import load_rows, take
 from training.strategy import STRATEGIES
 from training.worker_config import DevSet, WorkerConfig
 
-FAULT_ENV = "RAOE_FAULT_AT_STEP"  # tests: the last worker kills its own process after this step, once
 MODEL_DIR = "model"
 PROGRESS_FILE = "progress.json"  # step, best dev and the dev curve, readable without torch or DeepSpeed
 DEV_METRIC = "stsb_dev_spearman"
@@ -69,10 +66,11 @@ class Evaluator:
         if self.pairs is None:
             return None
         score = None
-        if getattr(model, "relation_names", None) is not None:  # RSE: the relation-weighted score selects
-            vectors = getattr(model, TABLE).detach().float().cpu().numpy()
-            score = relation_sts_scorer(model.relation_names, vectors, self.dev.relation_weights)
-        return pairs_spearman(lambda s: encode_texts(model, s, self.dev.batch_size), self.pairs, score)
+        relations = model.encoder_settings.relations
+        if relations:  # RSE: the relation-weighted score selects
+            vectors = model.get_parameter(TABLE).detach().float().cpu().numpy()
+            score = relation_sts_scorer(list(relations), vectors, self.dev.relation_weights)
+        return pairs_spearman(lambda s: inference_embeddings(model, s, self.dev.batch_size), self.pairs, score)
 
 
 @dataclass
@@ -96,14 +94,18 @@ def train_loop_per_worker(cfg: WorkerConfig) -> None:
     torch.set_num_threads(cfg.trainer.threads_per_worker or torch.get_num_threads())
     seed_everything(cfg.trainer.seed)
     device = ray.train.torch.get_device() if cfg.trainer.use_gpu else torch.device("cpu")
-    kind = KINDS[cfg.kind]
+    kind = TRAINING_KINDS[cfg.kind]
     model, strategy, progress = _setup_model_and_strategy(cfg, kind, device, rank, world)
     objective = CompositeObjective(cfg.objective_weights, cfg.objective_params)
     evaluator, metrics_log = Evaluator(cfg.dev), MetricsLog(cfg.tracking if rank == 0 else None)
     rows = _corpus_rows(cfg.plan, rank)
     if rank == 0:
         _announce(cfg.plan, world, strategy.name, kind.unit, progress)
-    _train(cfg, kind, model, strategy, objective, evaluator, metrics_log, rows, progress, device, rank, world)
+    batches = BatchContext(module=strategy.module, model=model, device=device, autocast=strategy.autocast,
+                           length_buckets=cfg.trainer.length_buckets, fields=cfg.fields,
+                           negative_dropout=cfg.model.negative_dropout)
+    run = _Run(cfg, kind, batches, strategy, objective, evaluator, metrics_log, rank, world)
+    _train(run, rows, progress)
     metrics_log.close()  # waits (tracking.retry_seconds) for an absent server to take the buffered metrics
     if progress.resumed_at is not None and progress.resumed_at >= cfg.plan.total_steps and rank == 0:
         print(f"[raoe] run already complete at step {progress.resumed_at}", flush=True)
@@ -123,10 +125,11 @@ def _setup_model_and_strategy(cfg: WorkerConfig, kind, device, rank: int, world:
                               prompt=m.prompt, device=str(device), quantization=m.quantization,
                               lora=m.lora.model_dump() if m.lora else None, padding_side=m.padding_side,
                               gradient_checkpointing=m.gradient_checkpointing, trust_remote_code=m.trust_remote_code)
+        additions = ModelAdditions()
         if kind.setup_model is not None:  # e.g. RSE's relation table: trainable state beside the encoder
-            kind.setup_model(model, cfg.extras, model_path, cfg.trainer.seed)
+            additions = kind.setup_model(model, cfg.extras, model_path, cfg.trainer.seed)
         model.train()
-        strategy = STRATEGIES[cfg.trainer.strategy](model, cfg.trainer, cfg.plan, world)
+        strategy = STRATEGIES[cfg.trainer.strategy](model, cfg.trainer, cfg.plan, world, additions)
         state = strategy.load(Path(resume_dir)) if resume_dir else {}
     step = int(state.get("step", 0))
     progress = Progress(step, state.get("best"), list(state.get("history", [])), step if resume_dir else None)
@@ -150,17 +153,31 @@ def _announce(plan: StepPlan, world: int, strategy: str, unit: str, progress: Pr
           + (f", resuming after step {progress.step}" if progress.resumed_at is not None else ""), flush=True)
 
 
-def _train(cfg: WorkerConfig, kind, model, strategy, objective, evaluator, metrics_log, rows, progress: Progress,
-           device, rank: int, world: int) -> None:
-    plan, seed = cfg.plan, cfg.trainer.seed
-    fault_step = int(os.environ.get(FAULT_ENV, "0") or 0)
+@dataclass(frozen=True)
+class _Run:
+    """What the training phases share on one worker."""
+
+    cfg: WorkerConfig
+    kind: DataKind
+    batches: BatchContext
+    strategy: Any  # training.strategy.TorchStrategy or DeepSpeedStrategy
+    objective: CompositeObjective
+    evaluator: Evaluator
+    metrics_log: MetricsLog
+    rank: int
+    world: int
+
+
+def _train(run: _Run, rows: dict[str, np.ndarray], progress: Progress) -> None:
+    cfg, strategy, rank = run.cfg, run.strategy, run.rank
+    plan = cfg.plan
     print_every = max(1, plan.total_steps // 50)
     order_epoch, order, started = None, None, time.perf_counter()
     while progress.step < plan.total_steps:
         epoch = progress.step // plan.steps_per_epoch
         if epoch != order_epoch:
-            order_epoch, order = epoch, plan.epoch_order(seed, epoch)
-        loss, parts = _optimizer_step(cfg, kind, model, strategy, objective, rows, order, progress.step, rank, device)
+            order_epoch, order = epoch, plan.epoch_order(cfg.trainer.seed, epoch)
+        loss, parts = _optimizer_step(run, rows, order, progress.step)
         grad_norm = strategy.step()
         progress.step += 1
         step, elapsed = progress.step, time.perf_counter() - started
@@ -168,29 +185,26 @@ def _train(cfg: WorkerConfig, kind, model, strategy, objective, evaluator, metri
                    **{f"grad_norm/{k}": v for k, v in strategy.watched_norms.items()},
                    **{f"loss/{k}": v for k, v in parts.items()},
                    "pairs_per_second": plan.global_batch * (step - (progress.resumed_at or 0)) / max(elapsed, 1e-9)}
-        metrics_log.log(metrics, step)
+        run.metrics_log.log(metrics, step)
         if rank == 0 and (step % print_every == 0 or step == plan.total_steps):
             print(f"[raoe] step {step}/{plan.total_steps} loss {loss:.4f} grad norm {grad_norm:.4g} "
                   f"lr {metrics['lr']:.2e} {metrics['pairs_per_second']:.1f} rows/s", flush=True)
         if step % cfg.trainer.eval_every == 0 or step == plan.total_steps:
-            _evaluate_and_report(model, strategy, evaluator, metrics_log, rank, step,
-                                 {"train_loss": loss, "grad_norm": grad_norm}, progress, plan, cfg.run_folder)
-        if fault_step and progress.resumed_at is None and step == fault_step and rank == world - 1:
-            _kill_this_worker(rank, fault_step)
+            _evaluate_and_report(run, step, {"train_loss": loss, "grad_norm": grad_norm}, progress)
+        for hook in cfg.after_step:  # tests only (training.faults): production runs install none
+            hook(step=step, rank=rank, world=run.world, resumed=progress.resumed_at is not None)
 
 
-def _optimizer_step(cfg: WorkerConfig, kind, model, strategy, objective, rows, order, step: int, rank: int,
-                    device) -> tuple[float, dict[str, float]]:
+def _optimizer_step(run: _Run, rows, order, step: int) -> tuple[float, dict[str, float]]:
     """Every micro-batch of one optimizer step through the encoder, gathered, into the objective and backward;
     returns the step's mean loss and per-objective parts (the optimizer steps in the caller)."""
-    plan = cfg.plan
+    plan, strategy = run.cfg.plan, run.strategy
     loss_sum, parts_sum = 0.0, {}
     for micro in range(plan.grad_accum):
-        batch = take(rows, plan.micro_rows(order, step, micro, rank))
-        seed_micro_batch(cfg.trainer.seed, step, micro, rank)
+        batch = take(rows, plan.micro_rows(order, step, micro, run.rank))
+        seed_micro_batch(run.cfg.trainer.seed, step, micro, run.rank)
         with strategy.sync_context(micro == plan.grad_accum - 1):
-            loss, parts = objective(kind.build(strategy.module, model, batch, device, strategy.autocast(),
-                                               cfg.trainer.length_buckets, cfg.fields, cfg.model.negative_dropout))
+            loss, parts = run.objective(run.kind.build(run.batches, batch))
             strategy.backward(loss)
         strategy.micro_step()
         loss_sum += float(loss.detach()) / plan.grad_accum
@@ -199,25 +213,16 @@ def _optimizer_step(cfg: WorkerConfig, kind, model, strategy, objective, rows, o
     return loss_sum, parts_sum
 
 
-def _kill_this_worker(rank: int, fault_step: int) -> None:
-    """Tests' fault injection (``RAOE_FAULT_AT_STEP``): the last worker SIGKILLs itself after that step, once."""
-    # Ray Train's controller collects reported checkpoints on its 2 s health-check poll; a worker that dies within
-    # that window loses its last report. Wait, as any real run would between reports.
-    time.sleep(5)
-    print(f"[raoe] {FAULT_ENV}={fault_step}: killing worker {rank} (pid {os.getpid()})", flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _evaluate_and_report(model, strategy, evaluator, metrics_log, rank: int, step: int, last: dict[str, float],
-                         progress: Progress, plan: StepPlan, run_folder: str) -> None:
+def _evaluate_and_report(run: _Run, step: int, last: dict[str, float], progress: Progress) -> None:
     """Dev Spearman (rank 0; every rank runs the encoder under ZeRO-3, whose forward gathers weights collectively),
     then a checkpoint from every worker: rank 0 exports the full model, each strategy saves its own state."""
-    dev = evaluator(model) if rank == 0 or strategy.evaluates_on_every_rank else None
+    model, strategy, rank, plan = run.batches.model, run.strategy, run.rank, run.cfg.plan
+    dev = run.evaluator(model) if rank == 0 or strategy.evaluates_on_every_rank else None
     dev = dev if rank == 0 else None
     if dev is not None:
         progress.best = dev if progress.best is None else max(progress.best, dev)
         print(f"[raoe] step {step}: STS-B dev Spearman {dev:.2f} (best {progress.best:.2f})", flush=True)
-        metrics_log.log({DEV_METRIC: dev}, step)
+        run.metrics_log.log({DEV_METRIC: dev}, step)
     progress.history = progress.history + [{"step": step, DEV_METRIC: dev, **last}]
     # Without a dev set the score field is absent (never the step number): Ray Train keeps the latest checkpoints.
     metrics = {"step": step, **last, **({DEV_METRIC: dev} if dev is not None else {}),
@@ -235,4 +240,4 @@ def _evaluate_and_report(model, strategy, evaluator, metrics_log, rank: int, ste
                 write_manifest(folder, rank, set())
         except OSError as exc:  # the node's temporary folder is full or read-only
             raise write_failed(step, f"the local temporary folder {folder}", exc) from None
-        report_checkpoint(metrics, folder if wrote else None, run_folder, step, rank)
+        report_checkpoint(metrics, folder if wrote else None, run.cfg.run_folder, step, rank)

@@ -12,10 +12,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from data_pipelines.hub import is_hub_source
+from data_pipelines.readers import corpus_files, load_corpus
+from encoders.model_uris import resolve_model
+from encoders.sources import cache_root
 from evaluation.sts import stsb_dev_pairs
 from jobconfig.schema import TrainJobConfig, objective_params
+from objectives.composite import SPECS, CompositeObjective, fields_read
+from runtime.local_ray import ray_session, worker_env
+from runtime.tracking_store import ensure_experiment, tracking_uri
+from tracking.metrics import RunTarget, metric_name, with_retries
+from tracking.model_card import model_card, write_model_card
+from tracking.model_registry import REGISTERED, log_and_register, run_for_name
 from training.checkpoints import storage_failure
-from training.kinds import FIELD_COLUMNS, KINDS, DataKind
+from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, DataKind
 from training.loop import DEV_METRIC, MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
 from training.plan import plan_steps
 from training.worker_config import DevSet, WorkerConfig
@@ -27,8 +37,6 @@ JOB_DATA = {"stage1": "pairs", "stage2": "sts", "unsupervised": "sentences", "po
 def choose_kind(cfg: TrainJobConfig) -> tuple[DataKind, set[str]]:
     """The kind of training data this job trains on, and the batch fields its objective reads (from the objectives'
     declared fields); refuses a config that cannot work before any Ray resource is taken."""
-    from objectives.registry import SPECS
-
     name = JOB_DATA[cfg.stage]
     if cfg.data.triplets:
         if name != "pairs":
@@ -36,14 +44,12 @@ def choose_kind(cfg: TrainJobConfig) -> tuple[DataKind, set[str]]:
         name = "triplets"
     if name == "sentences" and any("emb_neg" in SPECS[n].requires for n in cfg.objective.weights):
         name = "sentences_san"  # aligned negatives only when the objective needs them: a SAN corpus trains SimCSE too
-    return KINDS[name], check_objective_fits(cfg.objective.weights, KINDS[name].provides)
+    return TRAINING_KINDS[name], check_objective_fits(cfg.objective.weights, TRAINING_KINDS[name].provides)
 
 
 def check_objective_fits(weights: dict[str, float], provided: tuple[str, ...]) -> set[str]:
     """The batch fields the composite reads from data that provides ``provided``: what the workers gather, and what
     the data must really hold. A mismatch (gated_angle on STS data without labels) fails here, before Ray."""
-    from objectives.registry import fields_read
-
     try:
         return fields_read(weights, provided)
     except ValueError as exc:
@@ -52,8 +58,6 @@ def check_objective_fits(weights: dict[str, float], provided: tuple[str, ...]) -
 
 def check_batch_fits(weights: dict[str, float], global_batch: int) -> None:
     """Refuse a global batch smaller than an objective needs (one RAOE pair trains to a loss and gradient of 0)."""
-    from objectives.registry import SPECS
-
     short = {n: SPECS[n].min_rows for n, w in weights.items() if float(w) != 0.0 and SPECS[n].min_rows > global_batch}
     for name, rows in short.items():
         raise ValueError(f"trainer.global_batch_size={global_batch} is too small for objective {name!r}: it compares "
@@ -111,15 +115,12 @@ class Preflight:
 
 
 def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: str | None = None,
-                 callbacks: list | None = None) -> dict[str, Any]:
+                 callbacks: list | None = None, after_step: tuple = ()) -> dict[str, Any]:
     """Train, export, log and register; returns the job's JSON-line payload. A sweep runs each trial with
     ``register=False`` (only its best trial is registered), as a child of the sweep's MLflow run, and passes
-    Tune's report callback."""
+    Tune's report callback. ``after_step``: hooks every worker calls after each optimizer step (the recovery tests'
+    fault injection, training.faults)."""
     import mlflow
-
-    from runtime.local_ray import ray_session
-    from runtime.tracking_store import ensure_experiment, tracking_uri
-    from tracking.registry import REGISTERED, run_for_name
 
     started = time.time()
     pre = preflight(cfg)
@@ -141,7 +142,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
                               warmup_ratio=cfg.trainer.warmup_ratio)
             print(f"[raoe] {cfg.stage}: {rows} {pre.kind.unit}, {plan.total_steps} steps "
                   f"({plan.steps_per_epoch} per epoch), run {run_name!r}" + (" (resumed)" if resumed else ""), flush=True)
-            worker_config = _worker_config(cfg, pre, plan, extras, run_name, run_id)
+            worker_config = _worker_config(cfg, pre, plan, extras, run_name, run_id, after_step)
             result = _fit(cfg, ds, worker_config, run_name, callbacks)
         out_dir = Path(cfg.output_dir).resolve() / run_name
         best_metrics, history, curve = _export_best(result, pre.dev_pairs is not None, cfg, out_dir)
@@ -155,10 +156,6 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
 def preflight(cfg: TrainJobConfig) -> Preflight:
     """The kind of data, the objective's fields and batch size, the start model, the corpus path and the dev set,
     all checked on the driver before any Ray resource is taken."""
-    from data_pipelines.hub import is_hub_source
-    from data_pipelines.readers import corpus_files
-    from encoders.model_uris import resolve_model
-
     params = objective_params(cfg.objective)
     kind, needed = choose_kind(cfg)
     check_batch_fits(cfg.objective.weights, cfg.trainer.global_batch_size)
@@ -178,8 +175,6 @@ def preflight(cfg: TrainJobConfig) -> Preflight:
 def _training_data(cfg: TrainJobConfig, pre: Preflight, quarantine: Path):
     """(Ray Dataset of training rows, DataReport, row count, the kind's extras for the workers)."""
     import ray.data
-
-    from data_pipelines.readers import load_corpus
 
     ray.data.DataContext.get_current().enable_progress_bars = False  # the loop prints its own progress
     kind, extras = pre.kind, {}
@@ -204,11 +199,9 @@ def _storage(cfg: TrainJobConfig) -> str:
     return storage if "://" in storage else str(Path(storage).resolve())
 
 
-def _worker_config(cfg: TrainJobConfig, pre: Preflight, plan, extras: dict, run_name: str, run_id: str):
+def _worker_config(cfg: TrainJobConfig, pre: Preflight, plan, extras: dict, run_name: str, run_id: str,
+                   after_step: tuple):
     import ray
-
-    from runtime.tracking_store import tracking_uri
-    from tracking.metrics import RunTarget
 
     return WorkerConfig(
         model=cfg.model, trainer=cfg.trainer, start_model=pre.start_model,
@@ -219,6 +212,7 @@ def _worker_config(cfg: TrainJobConfig, pre: Preflight, plan, extras: dict, run_
         run_folder=f"{_storage(cfg).rstrip('/')}/{run_name}",  # where Ray Train puts this run's checkpoints
         tracking=RunTarget(tracking_uri(), run_id, cfg.tracking.retry_seconds),
         extras={k: v for k, v in extras.items() if k not in ("heldout", "counts")},  # driver-side only
+        after_step=tuple(after_step),
     )
 
 
@@ -271,8 +265,6 @@ def _export_best(result, by_dev: bool, cfg: TrainJobConfig, out_dir: Path):
 def _payload(cfg: TrainJobConfig, pre: Preflight, result, best_metrics: dict, report, plan, run_id: str,
              run_name: str, resumed: bool, out_dir: Path, finished: dict) -> dict[str, Any]:
     """The job's JSON-line payload (registration fills model_uri, registered_model and version)."""
-    from runtime.tracking_store import tracking_uri
-
     final = result.metrics or {}
     best_dev = best_metrics.get(DEV_METRIC) if pre.dev_pairs is not None else None
     return {
@@ -295,11 +287,6 @@ def _log_and_register(cfg: TrainJobConfig, pre: Preflight, payload: dict, histor
     """The model card, the run's results in MLflow and (unless a sweep trial) the registered version, each waiting
     out a tracking outage for tracking.retry_seconds; returns what registration adds to the payload."""
     import mlflow
-
-    from objectives.registry import CompositeObjective
-    from tracking.metrics import with_retries
-    from tracking.model_card import model_card, write_model_card
-    from tracking.registry import log_and_register
 
     metrics = payload["metrics"]
     card = write_model_card(out_dir / MODEL_DIR, model_card(
@@ -332,8 +319,6 @@ def _log_finished(finished: dict[str, Any]) -> None:
     """A data kind's after-training results into the run: numbers as metrics, PNGs as artifacts."""
     import mlflow
 
-    from tracking.metrics import metric_name
-
     numbers = {k: float(v) for k, v in _flat(finished).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if numbers:
@@ -359,9 +344,6 @@ def _history(folder: Path) -> list[dict[str, Any]]:
 
 
 def _worker_env() -> dict[str, str]:
-    from encoders.sources import cache_root
-    from runtime.local_ray import worker_env
-
     env = worker_env()
     # DeepSpeed compiles its ops once (25-80 s here): keep them in a cache every worker shares.
     env.setdefault("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR", str(cache_root() / "torch_extensions")))

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from jobconfig.schema import TrainerConfig
+from training.kinds import ModelAdditions
 
 TRAINER_STATE = "trainer_state.pt"
 DEEPSPEED_DIR = "deepspeed"
@@ -27,26 +28,20 @@ def grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
     return torch.nn.utils.get_total_norm([p.grad.float() for p in params])
 
 
-def watched(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-    """Parameters whose gradient norm is logged on its own (``param.raoe_watch = name``), e.g. RSE's relation table."""
-    return {p.raoe_watch: p for p in model.parameters() if getattr(p, "raoe_watch", None)}
-
-
-def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """AdamW; no weight decay on biases and norm weights (the BERT recipe). A parameter with its own learning rate
-    (``param.raoe_lr``, e.g. RSE's randomly initialised relation table) gets a group of its own, without decay."""
-    decay, no_decay, own = [], [], {}
+def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float,
+                    additions: ModelAdditions | None = None) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on biases and norm weights (the BERT recipe). The parameter groups of a kind's additions
+    (RSE's randomly initialised relation table, at its own learning rate) are taken as they are."""
+    additions = additions or ModelAdditions()
+    own = {id(param) for group in additions.param_groups for param in group["params"]}
+    decay, no_decay = [], []
     for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        if getattr(param, "raoe_lr", None) is not None:
-            own.setdefault(float(param.raoe_lr), []).append(param)
-            continue
-        (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
+        if param.requires_grad and id(param) not in own:
+            (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
     if not decay and not no_decay:
         raise ValueError("the model has no trainable parameters (a LoRA adapter start model needs model.lora set)")
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0},
-              *[{"params": params, "weight_decay": 0.0, "lr": group_lr} for group_lr, params in own.items()]]
+              *additions.param_groups]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr)
 
 
@@ -61,13 +56,14 @@ class TorchStrategy:
 
     name = "ddp"
 
-    def __init__(self, model, trainer: TrainerConfig, plan, world: int):
+    def __init__(self, model, trainer: TrainerConfig, plan, world: int, additions: ModelAdditions):
         import ray.train.torch
 
         self.model = model
         self.module = ray.train.torch.prepare_model(model) if world > 1 else model
         self.device = next(model.parameters()).device
-        self.optimizer = build_optimizer(model, trainer.lr, trainer.weight_decay)
+        self.watched = additions.watched
+        self.optimizer = build_optimizer(model, trainer.lr, trainer.weight_decay, additions)
         self.scheduler = build_scheduler(self.optimizer, plan.warmup_steps, plan.total_steps)
         self.grad_clip = trainer.grad_clip
         self.grad_accum = plan.grad_accum
@@ -98,7 +94,7 @@ class TorchStrategy:
         """Clip, step, and return the norm of the (all-reduced, so global) gradient before clipping."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = grad_norm(params)
-        self.watched_norms = {k: float(grad_norm([p])) for k, p in watched(self.model).items() if p.grad is not None}
+        self.watched_norms = {k: float(grad_norm([p])) for k, p in self.watched.items() if p.grad is not None}
         if self.grad_clip:
             torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm)
         self.optimizer.step()
@@ -170,11 +166,12 @@ class DeepSpeedStrategy:
 
     name = "deepspeed"
 
-    def __init__(self, model, trainer: TrainerConfig, plan, world: int):
+    def __init__(self, model, trainer: TrainerConfig, plan, world: int, additions: ModelAdditions):
         import deepspeed
 
         self.model = model
-        optimizer = build_optimizer(model, trainer.lr, trainer.weight_decay)
+        self.watched = additions.watched
+        optimizer = build_optimizer(model, trainer.lr, trainer.weight_decay, additions)
         scheduler = build_scheduler(optimizer, plan.warmup_steps, plan.total_steps)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(trainer, plan),
@@ -211,7 +208,7 @@ class DeepSpeedStrategy:
         if boundary:  # before the step consumes them: the full (reduced) gradient, wherever ZeRO keeps it
             from deepspeed.utils import safe_get_full_grad
 
-            grads = {k: safe_get_full_grad(p) for k, p in watched(self.model).items()}
+            grads = {k: safe_get_full_grad(p) for k, p in self.watched.items()}
             self.watched_norms = {k: float(torch.linalg.vector_norm(g.float())) for k, g in grads.items()
                                   if g is not None}
         if boundary and self.zero_stage == 0:  # no ZeRO optimizer to compute it: the grads are all-reduced here

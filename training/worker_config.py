@@ -4,7 +4,7 @@ Workers read it by attribute; every default lives in the config schema (jobconfi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from jobconfig.schema import ModelConfig, TrainerConfig
 from tracking.metrics import RunTarget
@@ -29,9 +29,10 @@ class WorkerConfig:
     objective_weights: dict[str, float]
     objective_params: dict[str, dict[str, Any]]
     plan: StepPlan
-    kind: str  # training.kinds.KINDS
+    kind: str  # training.kinds.TRAINING_KINDS
     fields: tuple[str, ...]  # corpus columns gathered for the objective (scores, labels): the same on every worker
     dev: DevSet
     run_folder: str  # where Ray Train puts this run's checkpoints
     tracking: RunTarget  # rank 0 logs its step metrics there
     extras: dict[str, Any]  # what the kind's load() gave the workers (RSE: relations, relation lr, init std)
+    after_step: tuple[Callable[..., None], ...]  # hooks called after each optimizer step: tests' fault injection

@@ -14,7 +14,23 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from jobconfig.schema import RELATIVE, OutputPath, Section, TrackingConfig
+from jobconfig import load_config
+from jobconfig.schema import (
+    RELATIVE,
+    OutputPath,
+    PosttrainJobConfig,
+    RelationalJobConfig,
+    Section,
+    Stage2JobConfig,
+    TrackingConfig,
+    TrainJobConfig,
+    UnsupervisedJobConfig,
+)
+from runtime.local_ray import ray_session
+from runtime.result import error_message
+from runtime.tracking_store import artifact_root, ensure_experiment, tracking_uri
+from tracking.model_registry import REGISTERED, log_and_register, run_for_name
+from training.run import plot_dev_line, run_training
 
 METRIC = "best_stsb_dev_spearman"
 
@@ -46,14 +62,6 @@ class SweepSpec(Section):
 
 
 def job_model(job: str):
-    from jobconfig.schema import (
-        PosttrainJobConfig,
-        RelationalJobConfig,
-        Stage2JobConfig,
-        TrainJobConfig,
-        UnsupervisedJobConfig,
-    )
-
     return {"stage1": TrainJobConfig, "stage2": Stage2JobConfig, "unsupervised": UnsupervisedJobConfig,
             "posttrain": PosttrainJobConfig, "relational": RelationalJobConfig}[job]
 
@@ -71,8 +79,6 @@ def point_name(point: dict[str, Any]) -> str:
 
 def trial_config(spec: SweepSpec, point: dict[str, Any], sweep_name: str, storage: str):
     """The validated training config of one grid point (raises ConfigError naming a bad key or value)."""
-    from jobconfig import load_config
-
     overrides = [*spec.overrides, *(f"{k}={json.dumps(v)}" for k, v in point.items()),
                  f"tracking.experiment={spec.tracking.experiment}", f"tracking.run_name={sweep_name}-{point_name(point)}",
                  f"trainer.storage_path={storage}/{sweep_name}-trials"]
@@ -92,8 +98,6 @@ def run_trial(config: dict[str, Any]) -> None:
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from training.run import run_training
-
     if Path(config["cwd"]).is_dir():  # Tune runs trials in their own folder; config paths are the driver's
         os.chdir(config["cwd"])
     # The driver's MLflow store, explicitly: a Ray that was already running carries an older environment.
@@ -108,15 +112,11 @@ def run_trial(config: dict[str, Any]) -> None:
 
 
 def _tracking_env() -> dict[str, str]:
-    from runtime.tracking_store import artifact_root, tracking_uri
-
     return {"MLFLOW_TRACKING_URI": tracking_uri(), "RAOE_MLFLOW_ARTIFACTS": str(artifact_root())}
 
 
 def sweep_table(results, points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per trial: its grid values, best dev Spearman, steps, MLflow run, and its error (the root cause)."""
-    from runtime.result import error_message
-
     rows = []
     for r in results:
         if r.config is None:
@@ -133,8 +133,6 @@ def plot_heatmap(rows: list[dict[str, Any]], keys: list[str], path: Path) -> Pat
     if not keys or not rows:
         return None
     if len(keys) == 1:
-        from training.run import plot_dev_line
-
         points = sorted((r[keys[0]], r[METRIC]) for r in rows if r[METRIC] is not None)
         return plot_dev_line([(str(x), y) for x, y in points], keys[0], path)
     import matplotlib
@@ -172,10 +170,6 @@ def run_sweep(spec: SweepSpec, spec_path: str | None = None) -> dict[str, Any]:
     import mlflow
     import ray.tune
     from ray.tune.schedulers import ASHAScheduler
-
-    from runtime.local_ray import ray_session
-    from runtime.tracking_store import ensure_experiment, tracking_uri
-    from tracking.registry import REGISTERED, log_and_register, run_for_name
 
     sweep_name = spec.name or (Path(spec_path).stem if spec_path else "sweep")
     storage = spec.storage_path if "://" in spec.storage_path else str(Path(spec.storage_path).resolve())

@@ -54,7 +54,7 @@ def test_san_llm_and_list_generator(shipped_code_model):
     (False, None, False), (True, None, True), (True, False, False), (False, True, True)])
 def test_posttrain_teacher_follows_the_model_unless_set(model_trusts, teacher_trusts, expected):
     from jobconfig.schema import PosttrainJobConfig
-    from training.kinds import teacher_trusts_code
+    from training.kinds.lists import teacher_trusts_code
 
     cfg = PosttrainJobConfig(model={"trust_remote_code": model_trusts},
                              posttrain={"teacher_trust_remote_code": teacher_trusts})

@@ -20,7 +20,7 @@ def register(folder: str, avg: float) -> int:
     from encoders.sources import resolve_model_source
     from runtime.tracking_store import ensure_experiment
     from tracking.metrics import with_retries
-    from tracking.registry import log_and_register
+    from tracking.model_registry import log_and_register
 
     export_encoder(build_encoder(resolve_model_source("tiny:bert")), folder,
                    {"suite": {"STSBenchmark": avg, "avg": avg}})

@@ -51,7 +51,7 @@ def _register(tmp_path, experiment, avg: float | None, name="raoe-s1") -> int:
 
     from encoders.backbone import build_encoder, export_encoder
     from encoders.sources import resolve_model_source
-    from tracking.registry import log_and_register
+    from tracking.model_registry import log_and_register
 
     with mlflow.start_run(experiment_id=experiment) as run:
         folder = tmp_path / f"model-{avg}"

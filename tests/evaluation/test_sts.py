@@ -70,13 +70,13 @@ def test_known_values_and_absent_tasks(senteval):
 def test_student_scores_equal_a_direct_sentence_transformers_computation(dev_data):
     from sentence_transformers import SentenceTransformer
 
-    from encoders.backbone import encode_texts, load_encoder
+    from encoders.backbone import inference_embeddings, load_encoder
     from encoders.sources import resolve_model_source
     from evaluation.sts import load_task
 
     path = resolve_model_source("pypi:all-minilm-l6-v2")
     model = load_encoder(path)
-    suite = evaluate_sts(lambda s: encode_texts(model, s, 64), dev_data / "senteval", ["STS12", "STSBenchmark"],
+    suite = evaluate_sts(lambda s: inference_embeddings(model, s, 64), dev_data / "senteval", ["STS12", "STSBenchmark"],
                          max_pairs=300, stsb_split="dev")
     direct_model = SentenceTransformer(path, device="cpu")
     for task in ("STS12", "STSBenchmark"):

@@ -4,7 +4,7 @@ rows lack S must issue the same collectives as one whose rows have it (else the 
 import numpy as np
 import pytest
 
-from training.kinds import KINDS
+from training.kinds import TRAINING_KINDS
 from training.run import check_objective_fits
 
 
@@ -16,18 +16,21 @@ from training.run import check_objective_fits
     ({"angle_ibn": 1.0}, "sts", {"scores"}),  # S >= threshold does without labels
 ])
 def test_the_fields_an_objective_reads_come_from_the_config(weights, kind, fields):
-    read = check_objective_fits(weights, KINDS[kind].provides)
+    read = check_objective_fits(weights, TRAINING_KINDS[kind].provides)
     assert read & {"scores", "labels"} == fields
 
 
 def test_workers_with_and_without_s_issue_the_same_gathers(monkeypatch):
-    import objectives.gather as gather
+    import torch
+
+    import training.kinds.base as base
     from encoders.backbone import build_encoder
     from encoders.sources import resolve_model_source
-    from training.kinds import text_pairs_batch
+    from training.kinds import BatchContext
+    from training.kinds.text import text_pairs_batch
 
-    calls = []
-    monkeypatch.setattr(gather, "gather_no_grad", lambda t: calls.append(tuple(t.shape)) or t)
+    calls = []  # every gather of scores, labels and text ids goes through BatchContext (training/kinds/base.py)
+    monkeypatch.setattr(base, "gather_no_grad", lambda t: calls.append(tuple(t.shape)) or t)
     model = build_encoder(resolve_model_source("tiny:bert"), dropout=0.0)
     texts = np.array(["a man sits", "a dog runs", "two kids play"], dtype=object)
     annotated = {"text1": texts, "text2": texts[::-1], "label": np.array([0, 1, 2]), "similarity": np.array([.9, .5, .1])}
@@ -35,7 +38,7 @@ def test_workers_with_and_without_s_issue_the_same_gathers(monkeypatch):
     sequences = []
     for rows in (annotated, missing):
         calls.clear()
-        batch = text_pairs_batch(model, model, rows, "cpu", fields=("scores", "labels"))
+        batch = text_pairs_batch(BatchContext(model, model, torch.device("cpu"), fields=("scores", "labels")), rows)
         sequences.append(list(calls))
     assert sequences[0] == sequences[1] and len(sequences[0]) == 4  # scores, labels, ids1, ids2 on both
     assert np.isnan(batch.scores[1].item())  # the gap is kept, and the objective then refuses it by name

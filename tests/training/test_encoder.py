@@ -2,7 +2,14 @@ import numpy as np
 import pytest
 import torch
 
-from encoders.backbone import build_encoder, dropout_overrides, embed, encode_texts, export_encoder, load_encoder
+from encoders.backbone import (
+    build_encoder,
+    dropout_overrides,
+    export_encoder,
+    forward_pass,
+    inference_embeddings,
+    load_encoder,
+)
 from encoders.sources import resolve_model_source
 
 TEXTS = ["a man is playing music.", "two dogs run", "the woman is eating food in the park with a child"]
@@ -30,7 +37,7 @@ def test_pooling_matches_a_direct_computation(tiny_path, pooling):
     model = build_encoder(tiny_path, pooling=pooling, dropout=0.0)
     model.eval()
     with torch.no_grad():
-        got = embed(model, model, TEXTS)
+        got = forward_pass(model, model, TEXTS)
         want = _manual(model, TEXTS, pooling)
     assert torch.allclose(got, want, atol=1e-5)
 
@@ -42,11 +49,12 @@ def test_exported_model_loads_in_sentence_transformers_with_identical_embeddings
     with torch.no_grad():
         for p in model.parameters():  # a trained-looking model, not the file on disk
             p.add_(0.01 * torch.randn_like(p))
-    trained = encode_texts(model, TEXTS)
+    trained = inference_embeddings(model, TEXTS)
     export_encoder(model, tmp_path / "m")
     reloaded = SentenceTransformer(str(tmp_path / "m"), device="cpu").encode(TEXTS, convert_to_numpy=True)
     np.testing.assert_allclose(reloaded, trained, atol=1e-5)
-    assert not np.allclose(trained, encode_texts(build_encoder(tiny_path, pooling="cls", prompt="query: {text}"), TEXTS))
+    untrained = build_encoder(tiny_path, pooling="cls", prompt="query: {text}")
+    assert not np.allclose(trained, inference_embeddings(untrained, TEXTS))
 
 
 def test_prompt_templates_with_a_suffix_survive_export_through_raoes_loader(tiny_path, tmp_path):
@@ -54,10 +62,10 @@ def test_prompt_templates_with_a_suffix_survive_export_through_raoes_loader(tiny
     model = build_encoder(tiny_path, pooling="mean", dropout=0.0, prompt=prompt)
     export_encoder(model, tmp_path / "m")
     reloaded = load_encoder(tmp_path / "m")
-    assert reloaded.raoe_prompt == prompt
-    np.testing.assert_allclose(encode_texts(reloaded, TEXTS), encode_texts(model, TEXTS), atol=1e-5)
-    plain = encode_texts(build_encoder(tiny_path, pooling="mean", dropout=0.0), TEXTS)
-    assert not np.allclose(plain, encode_texts(model, TEXTS), atol=1e-3)
+    assert reloaded.encoder_settings.prompt == prompt
+    np.testing.assert_allclose(inference_embeddings(reloaded, TEXTS), inference_embeddings(model, TEXTS), atol=1e-5)
+    plain = inference_embeddings(build_encoder(tiny_path, pooling="mean", dropout=0.0), TEXTS)
+    assert not np.allclose(plain, inference_embeddings(model, TEXTS), atol=1e-3)
 
 
 def test_dropout_override_reaches_every_dropout_field(tiny_path):
@@ -65,7 +73,7 @@ def test_dropout_override_reaches_every_dropout_field(tiny_path):
     assert overrides == {"attention_probs_dropout_prob": 0.0, "hidden_dropout_prob": 0.0}
     model = build_encoder(tiny_path, dropout=0.0)
     model.train()
-    a, b = embed(model, model, TEXTS), embed(model, model, TEXTS)
+    a, b = forward_pass(model, model, TEXTS), forward_pass(model, model, TEXTS)
     assert torch.equal(a, b)  # no dropout noise in training mode
 
 
@@ -76,14 +84,14 @@ def test_bad_prompt_is_rejected(tiny_path):
 
 @pytest.mark.parametrize("buckets", [1, 2, 3])
 def test_length_buckets_give_the_one_pass_embeddings_in_input_order(tiny_path, buckets):
-    from encoders.backbone import embed_by_length
+    from encoders.backbone import forward_in_length_buckets
 
     texts = TEXTS * 3 + ["a", "the quick brown fox jumps over the lazy dog near the river bank today"]
     model = build_encoder(tiny_path, pooling="mean", dropout=0.0)
     model.eval()
-    got = embed_by_length(model, model, texts, buckets=buckets)
+    got = forward_in_length_buckets(model, model, texts, buckets=buckets)
     with torch.no_grad():
-        want = embed(model, model, texts)
+        want = forward_pass(model, model, texts)
     assert torch.allclose(got.detach(), want, atol=1e-5)
     got.sum().backward()  # one graph through every bucket's forward
     assert model[0].auto_model.embeddings.word_embeddings.weight.grad.abs().sum() > 0
@@ -93,13 +101,13 @@ def test_length_buckets_give_the_one_pass_embeddings_in_input_order(tiny_path, b
 def test_length_buckets_run_exactly_buckets_passes_for_any_text_count(tiny_path, buckets):
     """Workers that agreed on ``buckets`` must run the same number of forward passes (each is a collective under
     DDP and ZeRO-3) whatever their text counts: 9 texts in 4 buckets once ran 3 passes where 8 texts ran 4."""
-    from encoders.backbone import embed_by_length
+    from encoders.backbone import forward_in_length_buckets
 
     model = build_encoder(tiny_path, pooling="mean", dropout=0.0)
     calls = []
     hook = model.register_forward_pre_hook(lambda module, args: calls.append(1))
     for count in range(2 * buckets, 5 * buckets + 2):
         calls.clear()
-        embed_by_length(model, model, (TEXTS * 10)[:count], buckets=buckets)
+        forward_in_length_buckets(model, model, (TEXTS * 10)[:count], buckets=buckets)
         assert len(calls) == buckets, count
     hook.remove()

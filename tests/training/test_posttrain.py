@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from objectives import listmle_loss, refine_targets
-from objectives.registry import CompositeObjective, EmbeddingBatch
+from objectives.composite import CompositeObjective, EmbeddingBatch
 from tests.training.conftest import ROOT, metric_by_step
 
 LISTS = [json.loads(x)["sentences"] for x in (ROOT / "configs/tiny/data/lists.jsonl").read_text().splitlines()]
@@ -88,9 +88,9 @@ def test_the_default_teacher_is_the_start_model_encoding_as_training_does(tmp_pa
     sentence-transformers' defaults for a plain checkpoint (mean pooling, no prompt, 128 tokens)."""
     import numpy as np
 
-    from encoders.backbone import build_encoder, encode_texts
+    from encoders.backbone import build_encoder, inference_embeddings
     from encoders.model_uris import resolve_model
-    from training.kinds import ListTeacher, list_teacher_kwargs
+    from training.kinds.lists import ListTeacher, list_teacher_kwargs
 
     cfg = _config(tmp_path, "teacher", tmp_path / "lists.jsonl", *model)
     lists = [LISTS[0][:4], LISTS[1][:3]]
@@ -98,6 +98,6 @@ def test_the_default_teacher_is_the_start_model_encoding_as_training_does(tmp_pa
     student = build_encoder(resolve_model(cfg.model.source), pooling=cfg.model.pooling, max_length=cfg.model.max_length,
                             prompt=cfg.model.prompt, padding_side=cfg.model.padding_side, dropout=0.0)
     for sentences, got in zip(lists, out["teacher_sim"]):
-        emb = encode_texts(student, sentences)
+        emb = inference_embeddings(student, sentences)
         emb = emb / np.linalg.norm(emb, axis=1, keepdims=True)
         np.testing.assert_allclose(got.reshape(len(sentences), -1), emb @ emb.T, atol=1e-5)

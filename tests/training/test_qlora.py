@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from encoders.backbone import build_encoder, embed, encode_texts, export_encoder, load_encoder
+from encoders.backbone import build_encoder, export_encoder, forward_pass, inference_embeddings, load_encoder
 from encoders.sources import resolve_model_source
 
 LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}
@@ -18,6 +18,8 @@ TEXTS = ["a man is playing music.", "two dogs run", "the woman is eating food in
 @pytest.fixture(scope="module")
 def qwen_path():
     return resolve_model_source("tiny:qwen2")
+
+FIELDS = ("scores", "labels")  # gathered from the rows beside the embeddings
 
 
 def qlora(path, padding_side="left", prompt=PROMPT):
@@ -42,8 +44,9 @@ def _batch():
 def test_base_is_4bit_and_only_lora_trains(qwen_path):
     import bitsandbytes as bnb
 
-    from objectives.registry import PRESETS, CompositeObjective
-    from training.kinds import text_pairs_batch
+    from objectives.composite import PRESETS, CompositeObjective
+    from training.kinds import BatchContext
+    from training.kinds.text import text_pairs_batch
 
     model = qlora(qwen_path, prompt=None)
     assert sum(isinstance(m, bnb.nn.Linear4bit) for m in model.modules()) >= 14  # every linear of the 2 blocks
@@ -54,7 +57,7 @@ def test_base_is_4bit_and_only_lora_trains(qwen_path):
     objective, losses = CompositeObjective(PRESETS["raoe"], {"rank_margin": {"margin": 0.0}}), []
     model.train()
     for _ in range(6):  # a fixed batch: the loss must go down
-        loss, _ = objective(text_pairs_batch(model, model, _batch(), "cpu"))
+        loss, _ = objective(text_pairs_batch(BatchContext(model, model, torch.device("cpu"), fields=FIELDS), _batch()))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -73,14 +76,14 @@ def test_saved_adapter_reloads_with_equal_embeddings(qwen_path, tmp_path):
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.add_(0.05 * torch.randn_like(p))  # a trained adapter, not the zero-initialised one
-    trained = encode_texts(model, TEXTS)
+    trained = inference_embeddings(model, TEXTS)
     export_encoder(model, tmp_path / "m")
     files = {p.name for p in (tmp_path / "m").iterdir()}
     assert {"adapter_model.safetensors", "adapter_config.json"} <= files and "model.safetensors" not in files
     assert json.loads((tmp_path / "m" / "raoe_encoder.json").read_text())["quantization"] == "nf4"
     reloaded = load_encoder(tmp_path / "m")
-    np.testing.assert_allclose(encode_texts(reloaded, TEXTS), trained, atol=1e-5)
-    base_only = encode_texts(qlora(qwen_path), TEXTS)
+    np.testing.assert_allclose(inference_embeddings(reloaded, TEXTS), trained, atol=1e-5)
+    base_only = inference_embeddings(qlora(qwen_path), TEXTS)
     assert not np.allclose(base_only, trained, atol=1e-3)
 
 
@@ -93,13 +96,13 @@ def test_last_token_pooling_picks_the_last_real_token(qwen_path, side):
     assert (mask[:, 0] == 0).any() if side == "left" else (mask[:, -1] == 0).any()  # there is padding
     with torch.no_grad():
         hidden = model[0].auto_model(input_ids=features["input_ids"], attention_mask=mask).last_hidden_state
-        pooled = embed(model, model, TEXTS)
+        pooled = forward_pass(model, model, TEXTS)
     last = [int(torch.nonzero(row).max()) for row in mask]
     expected = torch.stack([hidden[i, j] for i, j in enumerate(last)])
     assert torch.allclose(pooled, expected, atol=1e-5)
     if side == "right":  # causal attention: right padding leaves each text's states as if it were alone
         with torch.no_grad():
-            alone = torch.cat([embed(model, model, [t]) for t in TEXTS])
+            alone = torch.cat([forward_pass(model, model, [t]) for t in TEXTS])
         assert torch.allclose(pooled, alone, atol=1e-4)
 
 

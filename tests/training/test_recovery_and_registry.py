@@ -9,7 +9,7 @@ import pytest
 import ray.train
 
 from tests.training.conftest import TINY_NLI, tiny_config
-from training.loop import FAULT_ENV
+from training.faults import KillWorkerAfterStep
 
 STEPS = ("data.max_rows=64", "trainer.global_batch_size=16", "trainer.max_steps=5", "trainer.eval_every=2")
 
@@ -26,13 +26,8 @@ def resubmitted(train_env):
     truncated on disk (a half-written file), and the same run name submitted again."""
     from training.run import run_training
 
-    mp = pytest.MonkeyPatch()
-    mp.setenv(FAULT_ENV, "4")
-    try:
-        with pytest.raises(ray.train.TrainingFailedError):  # no restarts allowed: the job fails after step 4
-            run_training(tiny_config(train_env, "resubmitted", *STEPS))
-    finally:
-        mp.undo()
+    with pytest.raises(ray.train.TrainingFailedError):  # no restarts allowed: the job fails after step 4
+        run_training(tiny_config(train_env, "resubmitted", *STEPS), after_step=(KillWorkerAfterStep(4),))
     latest = max((p for p in (train_env / "runs" / "resubmitted").glob("checkpoint_*") if p.is_dir()),
                  key=lambda p: p.name)
     assert json.loads((latest / "progress.json").read_text())["step"] == 4
@@ -56,7 +51,7 @@ def test_resubmitting_a_run_name_resumes_it_from_its_last_whole_checkpoint(resub
 def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, tmp_path):
     from mlflow import MlflowClient
 
-    from encoders.backbone import encode_texts, load_encoder
+    from encoders.backbone import inference_embeddings, load_encoder
     from encoders.model_uris import download_model
     from training.run import run_training
 
@@ -68,8 +63,8 @@ def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, 
     s1_uri = resubmitted["model_uri"]
     assert s1_uri.startswith("models:/raoe-s1/")
     texts = [r["text2"] for r in rows[:8]]
-    np.testing.assert_allclose(encode_texts(load_encoder(download_model(s1_uri)), texts),
-                               encode_texts(load_encoder(resubmitted["model_path"]), texts), atol=1e-6)
+    np.testing.assert_allclose(inference_embeddings(load_encoder(download_model(s1_uri)), texts),
+                               inference_embeddings(load_encoder(resubmitted["model_path"]), texts), atol=1e-6)
 
     s2 = run_training(tiny_config(train_env, "stage2-from-uri", f"data.train={sts}", f"model.init_from={s1_uri}",
                                   "trainer.global_batch_size=16", "trainer.max_steps=2", stage="stage2"))
@@ -78,5 +73,5 @@ def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, 
     version = client.get_model_version("raoe-s2", str(s2["version"]))
     assert version.tags["start_model"] == s1_uri and version.tags["raoe.stage"] == "stage2"
     assert {m.name for m in client.search_registered_models()} >= {"raoe-s1", "raoe-s2"}
-    assert not np.allclose(encode_texts(load_encoder(s2["model_path"]), texts),
-                           encode_texts(load_encoder(resubmitted["model_path"]), texts), atol=1e-4)
+    assert not np.allclose(inference_embeddings(load_encoder(s2["model_path"]), texts),
+                           inference_embeddings(load_encoder(resubmitted["model_path"]), texts), atol=1e-4)

@@ -85,7 +85,8 @@ def test_registered_model_scores_with_its_relations_and_dev_used_them(runs, dev_
     from encoders.model_uris import resolve_model
 
     card = (Path(resolve_model(one["model_uri"])) / "README.md").read_text()  # raoe's card, not the flavor's
-    assert "Wang & Li, Relational Sentence Embedding" in card and "| entailment |" in card
+    assert "Wang & Li 2022, Relational Sentence Embedding" in card and "| entailment |" in card
+    assert "eprint = {2212.08802}" in card  # BibTeX of every objective's paper
     assert "RelationalEncoder(" in card and "Base model: `tiny:bert`" in card
 
 

@@ -7,7 +7,7 @@ import pytest
 
 
 def test_shipped_code_runs_only_when_trusted_and_the_export_remembers(shipped_code_model, tmp_path):
-    from encoders.backbone import RAOE_META, build_encoder, encode_texts, export_encoder, load_encoder
+    from encoders.backbone import RAOE_META, build_encoder, export_encoder, inference_embeddings, load_encoder
 
     folder, marker = shipped_code_model("tiny:bert", "BertConfig", "BertModel")
     with pytest.raises(ValueError, match="trust_remote_code"):
@@ -17,4 +17,4 @@ def test_shipped_code_runs_only_when_trusted_and_the_export_remembers(shipped_co
     assert marker.read_text() == "ran" and type(model[0].auto_model).__name__ == "RaoeModel"
     exported = export_encoder(model, tmp_path / "export")
     assert json.loads((exported / RAOE_META).read_text())["trust_remote_code"] is True
-    assert encode_texts(load_encoder(exported), ["a man plays music."]).shape[0] == 1
+    assert inference_embeddings(load_encoder(exported), ["a man plays music."]).shape[0] == 1

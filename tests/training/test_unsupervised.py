@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from encoders.backbone import build_encoder, embed
+from encoders.backbone import build_encoder, forward_pass
 from encoders.sources import resolve_model_source
-from objectives.registry import CompositeObjective
+from objectives.composite import CompositeObjective
 from tests.training.conftest import ROOT, metric_by_step
-from training.kinds import dropout_rate, sentences_batch
-from training.loop import FAULT_ENV
+from training.faults import KillWorkerAfterStep
+from training.kinds import BatchContext
+from training.kinds.base import dropout_rate
+from training.kinds.text import sentences_batch
 
 SAN = ROOT / "configs" / "tiny" / "data" / "sentences_san.jsonl"
 ROWS = [json.loads(line) for line in SAN.read_text().splitlines()[:6]]
@@ -39,18 +41,18 @@ def test_dropout_rate_sets_every_dropout_inside_the_block_only():
 def test_two_dropout_views_are_the_positive_and_negatives_get_p2():
     model = _model(0.1)
     torch.manual_seed(0)
-    batch = sentences_batch(model, model, BATCH, "cpu", negative_dropout=0.0)
+    batch = sentences_batch(BatchContext(model, model, torch.device("cpu"), negative_dropout=0.0), BATCH)
     assert not torch.allclose(batch.emb1, batch.emb2, atol=1e-4)  # the same sentences, different dropout masks
     model.eval()
     with torch.no_grad():
-        assert torch.allclose(batch.emb_neg, embed(model, model, list(BATCH["negative"])), atol=1e-5)  # p2 = 0
+        assert torch.allclose(batch.emb_neg, forward_pass(model, model, list(BATCH["negative"])), atol=1e-5)  # p2 = 0
     assert torch.equal(batch.ids1, batch.ids2)
 
 
 def test_hince_with_equal_temperatures_and_dropouts_is_infonce_with_hard_negatives():
     model = _model(0.1)
     torch.manual_seed(1)
-    batch = sentences_batch(model, model, BATCH, "cpu", negative_dropout=0.1)
+    batch = sentences_batch(BatchContext(model, model, torch.device("cpu"), negative_dropout=0.1), BATCH)
     hince, _ = CompositeObjective({"hince": 1.0}, {"hince": {"tau1": 0.05, "tau2": 0.05}})(batch)
     infonce, _ = CompositeObjective({"infonce": 1.0}, {"infonce": {"tau": 0.05}})(batch)
     assert hince.item() == pytest.approx(infonce.item(), rel=1e-6)
@@ -65,7 +67,7 @@ def _hince_loss_and_grad_norm(checkpointing: bool) -> tuple[float, float]:
     # tau2 = tau1: at the paper's 0.08 a random tiny encoder gives the negatives ~1e-3 of the softmax, too little
     # gradient for the claim to show
     objective = CompositeObjective({"hince": 1.0}, {"hince": {"tau1": 0.05, "tau2": 0.05}})
-    loss, _ = objective(sentences_batch(model, model, BATCH, "cpu", negative_dropout=0.4))
+    loss, _ = objective(sentences_batch(BatchContext(model, model, torch.device("cpu"), negative_dropout=0.4), BATCH))
     loss.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     return loss.item(), torch.nn.utils.get_total_norm(grads).item()
@@ -83,7 +85,7 @@ def test_anchors_without_an_aligned_negative_stay_in_the_batch_masked():
     model = _model(0.0)
     rows = {"text": BATCH["text"], "negative": np.array([n if i % 3 else None for i, n in enumerate(BATCH["negative"])],
                                                         dtype=object)}
-    batch = sentences_batch(model, model, rows, "cpu", negative_dropout=0.0)
+    batch = sentences_batch(BatchContext(model, model, torch.device("cpu"), negative_dropout=0.0), rows)
     assert batch.neg_mask.tolist() == [False, True, True, False, True, True]
     assert batch.emb_neg.shape == batch.emb1.shape  # one row per anchor: every worker encodes the same count
     masked, _ = CompositeObjective({"hince": 1.0})(batch)
@@ -107,12 +109,8 @@ def unsupervised_runs(train_env):
     from training.run import run_training
 
     one = run_training(_config(train_env, "unsup-1"))
-    mp = pytest.MonkeyPatch()
-    mp.setenv(FAULT_ENV, "3")  # a worker dies after step 3; the group restarts from the step-2 checkpoint
-    try:
-        two = run_training(_config(train_env, "unsup-2", "trainer.num_workers=2", "trainer.max_failures=1"))
-    finally:
-        mp.undo()
+    two = run_training(_config(train_env, "unsup-2", "trainer.num_workers=2", "trainer.max_failures=1"),
+                       after_step=(KillWorkerAfterStep(3),))  # the group restarts from the step-2 checkpoint
     return one, two
 
 

@@ -25,7 +25,11 @@ def test_raoe_composite_is_rank_margin_plus_gated_angle():
 
 def test_every_objective_has_defaults_and_a_citation():
     for spec in SPECS.values():
-        assert spec.citation and spec.summary and isinstance(spec.defaults, dict)
+        assert spec.references and spec.summary and isinstance(spec.defaults, dict)
+        for ref in spec.references:  # cited by title with an arXiv id or a link, never a file of ours
+            assert ref.title in ref.bibtex() and ".txt" not in ref.short()
+    assert SPECS["infonce"].references[0].link == "https://arxiv.org/abs/2104.08821"
+    assert "eprint = {2212.08802}" in SPECS["relational"].references[0].bibtex()
     assert SPECS["rank_margin"].defaults == {"margin": 2.0, "tau": 20.0}
     assert SPECS["hince"].defaults == {"tau1": 0.05, "tau2": 0.08}
     for weights in PRESETS.values():
@@ -75,8 +79,8 @@ def _dummy_batch(g: torch.Generator) -> dict[str, torch.Tensor]:
 def test_declared_fields_are_what_each_objective_reads(name):
     """Each objective runs on a batch holding only what one kind of data provides (and on a full one) while the
     fields it touches are recorded: the declaration must name exactly those, and refuse where the objective fails."""
-    from objectives.registry import EmbeddingBatch, fields_read
-    from training.kinds import KINDS
+    from objectives.composite import EmbeddingBatch, fields_read
+    from training.kinds import TRAINING_KINDS
 
     read: set[str] = set()
 
@@ -87,7 +91,7 @@ def test_declared_fields_are_what_each_objective_reads(name):
             return super().__getattribute__(attr)
 
     full = _dummy_batch(torch.Generator().manual_seed(0))
-    for provided in [tuple(full), *(kind.provides for kind in KINDS.values())]:
+    for provided in [tuple(full), *(kind.provides for kind in TRAINING_KINDS.values())]:
         read.clear()
         try:
             CompositeObjective({name: 1.0}).parts(RecordingBatch(**{k: full[k] for k in provided}))

@@ -19,6 +19,7 @@ from objectives.contrastive import hince_loss, infonce_loss
 from objectives.gated_angle import gated_angle_loss
 from objectives.listwise import listmle_loss, refine_targets
 from objectives.rank_margin import cosent_loss, rank_margin_loss
+from objectives.references import ANGLE, COSENT, RANKED_LISTS, RAOE, RSE, SAN, SIMCSE, Reference
 from objectives.relational import relational_loss
 
 ENTAILMENT, NEUTRAL, CONTRADICTION = 0, 1, 2
@@ -58,7 +59,7 @@ class EmbeddingBatch:
 class ObjectiveSpec:
     name: str
     summary: str
-    citation: str
+    references: tuple[Reference, ...]  # the papers it implements (objectives.references)
     defaults: dict[str, Any]
     compute: Callable[[EmbeddingBatch, dict[str, Any]], torch.Tensor] = field(repr=False)
     # The batch fields it reads, declared: ``requires`` always; ``accepts`` when the data provides them; of ``either``
@@ -94,41 +95,32 @@ def _listmle(batch: EmbeddingBatch, p: dict[str, Any]) -> torch.Tensor:
     return torch.stack(losses).mean()
 
 
-_RAOE = ("Zhou, Huang & Miao, Rank-Awareness and Angular Constraints: A New Perspective on Learning Sentence "
-         "Embeddings from NLI Data (raoe.txt)")
-_ANGLE = "Li & Li 2024, AnglE-optimized Text Embeddings, ICLR (angle.txt)"
-_SAN = ("Syntactically Aligned Negatives (SAN) with a semantic-importance-aware MLM and Hierarchical InfoNCE; code: "
-        "github.com/bcai01/SAN (san-hince.txt)")
-_RANK = ("Ranked sentence lists by LLM generation directionally controlled in the latent space, ListMLE "
-         "post-training; code: github.com/hly1998/RankingSentenceGeneration (ranking-sentences.txt)")
-_RSE = "Wang & Li, Relational Sentence Embedding for Flexible Semantic Matching (rse.txt)"
-
 SPECS: dict[str, ObjectiveSpec] = {
     s.name: s
     for s in [
         ObjectiveSpec(
-            "rank_margin", "RAOE Rank Margin, Eq. 2", _RAOE, {"margin": 2.0, "tau": 20.0},
+            "rank_margin", "RAOE Rank Margin, Eq. 2", (RAOE,), {"margin": 2.0, "tau": 20.0},
             lambda b, p: rank_margin_loss(b.cosines(), b.require("rank_margin", "scores")[0], **p),
             requires=("emb1", "emb2", "scores"),
         ),
         ObjectiveSpec(
-            "gated_angle", "RAOE Gated Angular, Eq. 3", _RAOE, {"tau": 20.0},
+            "gated_angle", "RAOE Gated Angular, Eq. 3", (RAOE,), {"tau": 20.0},
             lambda b, p: gated_angle_loss(b.cosines(), *b.require("gated_angle", "labels", "scores"), **p),
             requires=("emb1", "emb2", "labels", "scores"),
         ),
         ObjectiveSpec(
-            "cosent", "CoSENT / AnglE cosine objective, Eq. 1", "Su 2022, CoSENT (kexue.fm/archives/8847); " + _ANGLE,
+            "cosent", "CoSENT / AnglE cosine objective, Eq. 1", (COSENT, ANGLE),
             {"tau": 20.0},
             lambda b, p: cosent_loss(b.cosines(), b.require("cosent", "scores")[0], **p),
             requires=("emb1", "emb2", "scores"),
         ),
         ObjectiveSpec(
-            "angle", "AnglE complex-space angle objective, Eq. 4-7", _ANGLE, {"tau": 20.0},
+            "angle", "AnglE complex-space angle objective, Eq. 4-7", (ANGLE,), {"tau": 20.0},
             lambda b, p: angle_loss(*b.require("angle", "emb1", "emb2", "scores"), **p),
             requires=("emb1", "emb2", "scores"),
         ),
         ObjectiveSpec(
-            "angle_ibn", "AnglE in-batch negatives with supervised positives, Eq. 2", _ANGLE,
+            "angle_ibn", "AnglE in-batch negatives with supervised positives, Eq. 2", (ANGLE,),
             {"tau": 20.0, "positive_threshold": 0.8},
             lambda b, p: angle_ibn_loss(
                 *b.require("angle_ibn", "emb1", "emb2"), _positive_pairs(b, p["positive_threshold"]),
@@ -138,20 +130,20 @@ SPECS: dict[str, ObjectiveSpec] = {
         ),
         ObjectiveSpec(
             "infonce", "Supervised SimCSE InfoNCE (hard negatives optional)",
-            "Gao, Yao & Chen 2021, SimCSE: Simple Contrastive Learning of Sentence Embeddings, EMNLP", {"tau": 0.05},
+            (SIMCSE,), {"tau": 0.05},
             lambda b, p: infonce_loss(*b.require("infonce", "emb1", "emb2"), b.emb_neg, negative_mask=b.neg_mask, **p),
             requires=("emb1", "emb2"), accepts=("emb_neg", "neg_mask"),
         ),
         ObjectiveSpec(
-            "hince", "Hierarchical InfoNCE, Eq. 2", _SAN, {"tau1": 0.05, "tau2": 0.08},
+            "hince", "Hierarchical InfoNCE, Eq. 2", (SAN,), {"tau1": 0.05, "tau2": 0.08},
             lambda b, p: hince_loss(*b.require("hince", "emb1", "emb2", "emb_neg"), negative_mask=b.neg_mask, **p),
             requires=("emb1", "emb2", "emb_neg"), accepts=("neg_mask",),
         ),
-        ObjectiveSpec("listmle", "ListMLE on refined targets, Eq. 5-8", _RANK, {"omega": 0.5, "tau": 0.05},
+        ObjectiveSpec("listmle", "ListMLE on refined targets, Eq. 5-8", (RANKED_LISTS,), {"omega": 0.5, "tau": 0.05},
                       _listmle, requires=("list_emb", "list_target"), accepts=("list_mask",), min_rows=1),
         ObjectiveSpec(
             "relational", "RSE relational contrastive objective, Eq. 1-2",
-            _RSE, {"tau": 0.05},
+            (RSE,), {"tau": 0.05},
             lambda b, p: relational_loss(
                 *b.require("relational", "emb1", "emb2", "relation", "relation_table"), b.emb_neg, b.ids1, b.ids2,
                 b.ids_neg, **p
@@ -235,6 +227,7 @@ class CompositeObjective:
     def describe(self) -> dict[str, Any]:
         """What is trained, for run params and model cards."""
         return {
-            n: {"weight": w, "params": self.params[n], "citation": SPECS[n].citation, "summary": SPECS[n].summary}
+            n: {"weight": w, "params": self.params[n], "citation": "; ".join(r.short() for r in SPECS[n].references),
+                "bibtex": [r.bibtex() for r in SPECS[n].references], "summary": SPECS[n].summary}
             for n, w in self.weights.items()
         }

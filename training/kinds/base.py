@@ -1,0 +1,111 @@
+"""What every kind of training data shares: the table entry (``DataKind``), the one contract of its batch builder
+(``BatchContext`` in, an ``EmbeddingBatch`` of the gathered global batch out), the trainable state a kind may add to
+the model (``ModelAdditions``), and the helpers the builders encode and gather with.
+
+Every worker gathers the same fields in the same order, decided by the driver from the config, whatever its own
+rows hold (else the all-gathers misalign or hang)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager
+
+import numpy as np
+import torch
+
+from encoders.backbone import dropout_settings, dropout_settings_applied, forward_in_length_buckets, text_ids
+from objectives.composite import EmbeddingBatch
+from objectives.gather import gather_no_grad
+
+# Where scores and labels come from in a corpus row.
+FIELD_COLUMNS = {"scores": "similarity", "labels": "label"}
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    """What a batch builder may use, the same on every worker of a run."""
+
+    module: torch.nn.Module  # runs the forward: the model, or its DDP / DeepSpeed wrapper
+    model: torch.nn.Module  # the bare SentenceTransformer: tokenizer, dropout modules, trainable additions
+    device: torch.device
+    autocast: Callable[[], ContextManager] | None = None  # the strategy's autocast around the encoder, or none
+    length_buckets: int = 1  # trainer.length_buckets
+    fields: tuple[str, ...] = ()  # corpus columns the objective reads (FIELD_COLUMNS keys): gathered if listed
+    negative_dropout: float | None = None  # model.negative_dropout: SAN's p2 for the aligned negatives
+
+    def encode(self, texts: list[str], buckets: int | None = None) -> torch.Tensor:
+        """Embeddings with gradient, in ``buckets`` (default ``length_buckets``) length-grouped forward passes.
+        Each forward pass is a collective (DDP broadcasts buffers, ZeRO-3 gathers weights), so every worker must run
+        as many: a caller whose text count differs between workers (ranked lists) passes ``buckets`` chosen from a
+        count every worker holds."""
+        with self.autocast() if self.autocast else contextlib.nullcontext():
+            return forward_in_length_buckets(self.module, self.model, texts, self.device,
+                                             self.length_buckets if buckets is None else buckets).float()
+
+    def gather_fields(self, rows: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """The listed ``fields``: scores (None -> NaN, which the objective refuses by name) and labels (None -> -1,
+        likewise), gathered."""
+        out = {}
+        if "scores" in self.fields:
+            column = rows[FIELD_COLUMNS["scores"]]
+            scores = np.array([np.nan if v is None else v for v in column], dtype=np.float32)
+            out["scores"] = gather_no_grad(torch.from_numpy(scores).to(self.device))
+        if "labels" in self.fields:
+            labels = np.array([-1 if v is None else v for v in rows[FIELD_COLUMNS["labels"]]], dtype=np.int64)
+            out["labels"] = gather_no_grad(torch.from_numpy(labels).to(self.device))
+        return out
+
+    def gather_ids(self, texts: list[str]) -> torch.Tensor:
+        """Stable ids of the texts, gathered: objectives recognise duplicates across workers by them."""
+        return gather_no_grad(text_ids(texts).to(self.device))
+
+
+@dataclass(frozen=True)
+class ModelAdditions:
+    """Trainable state a kind adds beside the encoder (RSE's relation table), as the strategy takes it: parameter
+    groups of their own for the optimizer, and parameters whose gradient norm is logged by name."""
+
+    param_groups: tuple[dict, ...] = ()  # torch optimizer groups: {"params": [...], "lr": ..., "weight_decay": ...}
+    watched: dict[str, torch.nn.Parameter] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DataKind:
+    """One kind of training data. The driver prepares its rows (``corpus_to_rows`` on the validated corpus, or
+    ``load`` for a corpus that is not one ``data.train``), each worker adds its trainable state (``setup_model``)
+    and builds its micro-batches (``build``), and the driver reports after training (``finish``)."""
+
+    name: str
+    corpus: str  # the reader's corpus kind (data_pipelines.formats.CORPUS_KINDS)
+    provides: tuple[str, ...]  # EmbeddingBatch fields this data can fill
+    build: Callable[[BatchContext, dict[str, np.ndarray]], EmbeddingBatch]
+    unit: str = "pairs"  # what one row is, for progress lines
+    corpus_to_rows: Callable[..., object] | None = None  # (validated corpus, job config, start model) -> rows
+    # (job config, quarantine path) -> (Ray Dataset of training rows, DataReport, extras for workers and ``finish``)
+    load: Callable[..., tuple] | None = None
+    setup_model: Callable[..., ModelAdditions] | None = None  # (model, extras, start folder, seed), on every worker
+    finish: Callable[..., dict] | None = None  # (job config, model folder, extras, output folder) -> metrics
+
+    def prepare(self, ds, rows: int, cfg, start_model: str):
+        """(training dataset, row count) from the validated corpus of ``rows`` records."""
+        if self.corpus_to_rows is None:
+            return ds, rows
+        ds = self.corpus_to_rows(ds, cfg, start_model).materialize()
+        count = ds.count()
+        if count == 0:
+            raise ValueError(f"none of the {rows} records of {cfg.data.train} gives {self.unit}")
+        print(f"[raoe] {count} {self.unit} from {rows} records", flush=True)
+        return ds, count
+
+
+@contextlib.contextmanager
+def dropout_rate(model: torch.nn.Module, p: float | None):
+    """Every dropout of the encoder at rate ``p`` inside the block (SAN's p2 for aligned negatives), restored after.
+    Under gradient checkpointing the backward recomputes these layers at the same rate (encoders.backbone's
+    DropoutReplay)."""
+    if p is None:
+        yield
+        return
+    with dropout_settings_applied([(module, name, p) for module, name, _ in dropout_settings(model)]):
+        yield

@@ -1,0 +1,69 @@
+"""Kinds whose rows are texts: pairs (NLI with S, STS), SimCSE triplets, and sentences (unsupervised SimCSE, with
+SAN's aligned negatives when the objective needs them)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from data_pipelines.triplets import nli_triplets
+from objectives.composite import EmbeddingBatch
+from objectives.gather import gather_no_grad, gather_with_grad
+from training.kinds.base import BatchContext, dropout_rate
+
+
+def text_pairs_batch(ctx: BatchContext, rows: dict[str, np.ndarray]) -> EmbeddingBatch:
+    """Pairs and SimCSE triplets: both texts (and the hard negative) through the encoder together, in length-grouped
+    passes; embeddings gathered with gradient."""
+    text1, text2 = [str(t) for t in rows["text1"]], [str(t) for t in rows["text2"]]
+    negatives = [str(t) for t in rows["text_neg"]] if "text_neg" in rows else []
+    every = ctx.encode(text1 + text2 + negatives)
+    n = len(text1)
+    return EmbeddingBatch(
+        emb1=gather_with_grad(every[:n]), emb2=gather_with_grad(every[n: 2 * n]),
+        emb_neg=gather_with_grad(every[2 * n:]) if negatives else None,
+        ids1=ctx.gather_ids(text1), ids2=ctx.gather_ids(text2), **ctx.gather_fields(rows),
+    )
+
+
+def sentences_batch(ctx: BatchContext, rows: dict[str, np.ndarray]) -> EmbeddingBatch:
+    """Unsupervised SimCSE: each sentence twice through the encoder in one pass, so dropout (``model.dropout``)
+    makes the two views its anchor and positive. With a ``negative`` column (SAN), the aligned negatives go through
+    a pass of their own at dropout ``negative_dropout`` (the paper's p2)."""
+    texts = [str(t) for t in rows["text"]]
+    views = ctx.encode(texts + texts)
+    n = len(texts)
+    negative = mask = None
+    if "negative" in rows:  # an anchor the SAN guard left without a negative encodes itself there, masked out:
+        present = [isinstance(t, str) and bool(t) for t in rows["negative"]]  # every worker runs this pass
+        negatives = [str(t) if real else anchor for t, real, anchor in zip(rows["negative"], present, texts)]
+        with dropout_rate(ctx.model, ctx.negative_dropout):
+            negative = gather_with_grad(ctx.encode(negatives))
+        mask = gather_no_grad(torch.tensor(present, dtype=torch.bool, device=ctx.device))
+    ids = ctx.gather_ids(texts)
+    return EmbeddingBatch(emb1=gather_with_grad(views[:n]), emb2=gather_with_grad(views[n:]), emb_neg=negative,
+                          neg_mask=mask, ids1=ids, ids2=ids)
+
+
+def nli_to_triplets(ds, cfg, start_model: str):
+    """NLI pairs -> (premise, entailment, contradiction), then shuffled with a seed (they come sorted by premise)
+    before data.max_rows, which counts triplets here: a pair subsample would break the groups."""
+    ds = nli_triplets(ds).random_shuffle(seed=cfg.data.shuffle_seed or cfg.trainer.seed)
+    return ds.limit(cfg.data.max_rows) if cfg.data.max_rows is not None else ds
+
+
+def sentences_only(ds, cfg, start_model: str):
+    return ds.select_columns(["text"])  # a SAN corpus trains plain SimCSE too: its negatives stay behind
+
+
+def sentences_with_negatives(ds, cfg, start_model: str):
+    """Every sentence trains, with or without its aligned negative (the paper trains SimCSE+SAN on all of Wiki1M;
+    HiNCE leaves a missing negative out of the softmax). A corpus with none is refused: it would be plain SimCSE."""
+    total, missing = ds.count(), ds.filter(lambda r: not r["negative"]).count()
+    if missing == total:
+        raise ValueError(f"the {total} sentences of {cfg.data.train} have no 'negative'; the objective (hince) needs "
+                         f"aligned negatives: generate them with ray_jobs/generate_san.py")
+    if missing:
+        print(f"[raoe] {missing} of {total} sentences have no aligned negative (guarded by generate_san): they train "
+              f"with in-batch candidates only", flush=True)
+    return ds.select_columns(["text", "negative"])

@@ -1,0 +1,75 @@
+"""Relation triples (RSE): the driver mixes the relation sources into training triples with a held-out slice, each
+worker adds the relation table to its model, batches carry heads, tails and hard negatives, and after training the
+driver reports relation prediction on the held-out triples."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data_pipelines.relations import load_triples, prepare_triples
+from encoders.relation_table import TABLE
+from encoders.relational import RelationalEncoder, attach_relation_table, plot_relation_similarity, relation_prediction
+from objectives.composite import EmbeddingBatch
+from objectives.gather import gather_no_grad, gather_with_grad
+from training.kinds.base import BatchContext, ModelAdditions
+
+
+def load_relation_triples(cfg, quarantine_path):
+    """RSE: every source as triples, then held-out slice, caps, weights and hard negatives (seeded)."""
+    import ray
+
+    frame, report = load_triples(cfg.data, quarantine_path)
+    triples = prepare_triples(frame, cfg.data, cfg.trainer.seed)
+    unknown = sorted(set(cfg.eval.relation_weights or {}) - set(triples.relations))
+    if unknown:  # else the first dev evaluation fails in a worker, the steps before it lost
+        raise ValueError(f"eval.relation_weights names relation(s) {unknown} that the training triples do not hold; "
+                         f"their relations: {list(triples.relations)}")
+    print(f"[raoe] relations {triples.counts} (training triples), {len(triples.heldout)} held out", flush=True)
+    columns = ["head", "tail", "negative", "relation_id"]
+    extras = {"relations": triples.relations, "relation_lr": cfg.relational.relation_lr,
+              "init_std": cfg.relational.init_std, "heldout": triples.heldout.to_dict("records"),
+              "counts": triples.counts}
+    return ray.data.from_pandas(triples.train[columns]).materialize(), report, extras
+
+
+def add_relation_table(model, extras: dict, start_folder: str | None, seed: int) -> ModelAdditions:
+    """The relation table on the model, in an optimizer group of its own (``relational.relation_lr``, no weight
+    decay: its vectors start random), its gradient norm logged per step as ``grad_norm/relation_vectors``."""
+    attach_relation_table(model, extras["relations"], start_folder, init_std=extras["init_std"], seed=seed)
+    table = model.get_parameter(TABLE)
+    return ModelAdditions(param_groups=({"params": [table], "lr": extras["relation_lr"], "weight_decay": 0.0},),
+                          watched={TABLE: table})
+
+
+def relation_report(cfg, model_dir, extras: dict, out_dir) -> dict:
+    """After training: relation prediction on the held-out triples and the relation-vector cosine plot."""
+    encoder = RelationalEncoder(model_dir)
+    plot = plot_relation_similarity(encoder.names, encoder.vectors, Path(out_dir) / "relation_similarity.png")
+    out = {"relations": extras["counts"], "relation_similarity_plot": str(plot)}
+    if extras["heldout"]:  # kept next to the model, for ray_jobs/evaluate.py --set eval.triples=...
+        path = Path(out_dir) / "heldout_triples.jsonl"
+        path.write_text("".join(json.dumps({k: t[k] for k in ("head", "relation", "tail")}) + "\n"
+                                for t in extras["heldout"]), encoding="utf-8")
+        out["heldout_triples"] = str(path)
+        out["relation_prediction"] = relation_prediction(encoder.encode, extras["heldout"], encoder.names,
+                                                         encoder.vectors)
+    return out
+
+
+def triples_batch(ctx: BatchContext, rows: dict[str, np.ndarray]) -> EmbeddingBatch:
+    """Relation triples: heads, tails and hard negatives through the encoder together (a same-sent triple's head
+    and tail are two dropout views), gathered with gradient; relation ids and text ids gathered; the relation
+    table is the model's own parameter, the same full tensor on every worker."""
+    head, tail = [str(t) for t in rows["head"]], [str(t) for t in rows["tail"]]
+    negative = [str(t) for t in rows["negative"]]
+    every = ctx.encode(head + tail + negative)
+    n = len(head)
+    relation_ids = torch.as_tensor(np.asarray(rows["relation_id"], dtype=np.int64), device=ctx.device)
+    return EmbeddingBatch(emb1=gather_with_grad(every[:n]), emb2=gather_with_grad(every[n: 2 * n]),
+                          emb_neg=gather_with_grad(every[2 * n:]), ids1=ctx.gather_ids(head),
+                          ids2=ctx.gather_ids(tail), ids_neg=ctx.gather_ids(negative),
+                          relation=gather_no_grad(relation_ids), relation_table=ctx.model.get_parameter(TABLE))
