@@ -93,7 +93,7 @@ def run_raoe_bare(frame, steps: int, batch: int) -> dict:
     from encoders.sources import resolve_model_source
     from jobconfig.schema import TrainerConfig
     from objectives.composite import CompositeObjective
-    from training.kinds import BatchContext, ModelAdditions
+    from training.kinds import BatchContext
     from training.kinds.text import text_pairs_batch
     from training.loop import seed_everything
     from training.plan import plan_steps
@@ -105,8 +105,7 @@ def run_raoe_bare(frame, steps: int, batch: int) -> dict:
     model.train()
     plan = plan_steps(len(frame), world=1, global_batch=batch, grad_accum=1, epochs=1, max_steps=steps,
                       warmup_ratio=0.1)
-    strategy = TorchStrategy(model, TrainerConfig(lr=LR, weight_decay=0.01, grad_clip=1.0, bf16=False), plan, 1,
-                             ModelAdditions())
+    strategy = TorchStrategy(model, TrainerConfig(lr=LR, weight_decay=0.01, grad_clip=1.0, bf16=False), plan, 1)
     objective = CompositeObjective({"cosent": 1.0}, {"cosent": {"tau": TAU}})
     times = []
     for step in range(steps):

@@ -56,12 +56,13 @@ class TorchStrategy:
 
     name = "ddp"
 
-    def __init__(self, model, trainer: TrainerConfig, plan, world: int, additions: ModelAdditions):
+    def __init__(self, model, trainer: TrainerConfig, plan, world: int, additions: ModelAdditions | None = None):
         import ray.train.torch
 
         self.model = model
         self.module = ray.train.torch.prepare_model(model) if world > 1 else model
         self.device = next(model.parameters()).device
+        additions = additions or ModelAdditions()  # a kind's trainable state beside the encoder, if any
         self.watched = additions.watched
         self.optimizer = build_optimizer(model, trainer.lr, trainer.weight_decay, additions)
         self.scheduler = build_scheduler(self.optimizer, plan.warmup_steps, plan.total_steps)
@@ -166,10 +167,11 @@ class DeepSpeedStrategy:
 
     name = "deepspeed"
 
-    def __init__(self, model, trainer: TrainerConfig, plan, world: int, additions: ModelAdditions):
+    def __init__(self, model, trainer: TrainerConfig, plan, world: int, additions: ModelAdditions | None = None):
         import deepspeed
 
         self.model = model
+        additions = additions or ModelAdditions()  # a kind's trainable state beside the encoder, if any
         self.watched = additions.watched
         optimizer = build_optimizer(model, trainer.lr, trainer.weight_decay, additions)
         scheduler = build_scheduler(optimizer, plan.warmup_steps, plan.total_steps)
