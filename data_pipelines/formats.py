@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -23,11 +24,50 @@ Row = dict[str, Any]
 CORPUS_KINDS = ("pairs", "sts", "sentences", "lists", "triples")
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str | None, str | None]]:
-    """(line number, text, decode error) for every non-blank line; bad UTF-8 is reported, not skipped; a UTF-8 byte
-    order mark and CRLF line ends are accepted."""
+@dataclass(frozen=True)
+class Span:
+    """A run of whole lines of one file: bytes [start, end), the first of them line ``first_line`` (1-based). A
+    large file is read as many spans in parallel, each naming its bad rows by the file's own line numbers."""
+
+    start: int
+    end: int
+    first_line: int
+
+
+def file_spans(path: Path, target_bytes: int, chunk_bytes: int = 8 << 20) -> list[Span]:
+    """``path`` cut at line ends into spans of about ``target_bytes``: one pass counting newlines, ``chunk_bytes`` at
+    a time (about a second a GB)."""
+    size = path.stat().st_size
+    if size <= target_bytes:
+        return [Span(0, size, 1)]
+    spans, start, first_line, line, offset, cut = [], 0, 1, 1, 0, target_bytes
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
+        while chunk := f.read(chunk_bytes):
+            position = 0
+            while offset + len(chunk) > cut:  # the first line end at or after ``cut`` closes a span
+                newline = chunk.find(b"\n", max(position, cut - offset))
+                if newline < 0:
+                    break
+                line += chunk.count(b"\n", position, newline + 1)
+                position, end = newline + 1, offset + newline + 1
+                spans.append(Span(start, end, first_line))
+                start, first_line, cut = end, line, end + target_bytes
+            line += chunk.count(b"\n", position)
+            offset += len(chunk)
+    if start < size:
+        spans.append(Span(start, size, first_line))
+    return spans
+
+
+def _lines(path: Path, span: Span | None = None) -> Iterator[tuple[int, str | None, str | None]]:
+    """(line number, text, decode error) for every non-blank line (of ``span``, else of the file); bad UTF-8 is
+    reported, not skipped; a UTF-8 byte order mark and CRLF line ends are accepted."""
+    with open(path, "rb") as f:
+        lines = f
+        if span is not None:
+            f.seek(span.start)
+            lines = io.BytesIO(f.read(span.end - span.start))
+        for number, raw in enumerate(lines, start=span.first_line if span else 1):
             try:
                 text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as exc:
@@ -37,8 +77,8 @@ def _lines(path: Path) -> Iterator[tuple[int, str | None, str | None]]:
                 yield number, text.rstrip("\r\n"), None
 
 
-def _json_records(path: Path) -> Iterator[tuple[int, str, dict | None, str | None]]:
-    for number, text, error in _lines(path):
+def _json_records(path: Path, span: Span | None = None) -> Iterator[tuple[int, str, dict | None, str | None]]:
+    for number, text, error in _lines(path, span):
         if error:
             yield number, "", None, error
             continue
@@ -68,9 +108,9 @@ def _guard(convert: Callable[[], Row], source: str, line: int, raw: str) -> Row:
         return _bad(source, line, str(exc), raw)
 
 
-def _records(path: Path, convert: Callable[[dict], Row | None]) -> Iterator[Row]:
+def _records(path: Path, convert: Callable[[dict], Row | None], span: Span | None = None) -> Iterator[Row]:
     """JSON-lines files through ``convert`` (None = not a record, e.g. SNLI's '-' gold label)."""
-    for number, raw, value, error in _json_records(path):
+    for number, raw, value, error in _json_records(path, span):
         if error:
             yield _bad(path, number, error, raw)
             continue
@@ -98,10 +138,10 @@ def _senteval_nli(folder: Path, split: str) -> Iterator[Row]:
                      str(files[0]), number, raw)
 
 
-def _csv_rows(path: Path) -> Iterator[tuple[int, list[str] | None, str, str | None]]:
+def _csv_rows(path: Path, span: Span | None = None) -> Iterator[tuple[int, list[str] | None, str, str | None]]:
     """(line number, fields, raw text, error) per non-blank line: one record per line (no quoted newlines), so a
     line of bad UTF-8 is one bad record instead of a failed file."""
-    for number, text, error in _lines(path):
+    for number, text, error in _lines(path, span):
         if error:
             yield number, None, "", error
         else:
@@ -125,9 +165,9 @@ def _csv_pairs(path: Path) -> Iterator[Row]:
         yield _guard(lambda r=record: pair_record(r), str(path), number, raw)
 
 
-def _stsb_csv(path: Path) -> Iterator[Row]:
+def _stsb_csv(path: Path, span: Span | None = None) -> Iterator[Row]:
     """STS-B CSV without header: sentence1,sentence2,score (0-5, quoted fields)."""
-    for number, row, text, error in _csv_rows(path):
+    for number, row, text, error in _csv_rows(path, span):
         if error:
             yield _bad(path, number, error, text)
             continue
@@ -138,9 +178,9 @@ def _stsb_csv(path: Path) -> Iterator[Row]:
         yield _guard(lambda r=row: sts_record(r[0], r[1], r[2]), str(path), number, raw)
 
 
-def _senteval_sts(path: Path) -> Iterator[Row]:
+def _senteval_sts(path: Path, span: Span | None = None) -> Iterator[Row]:
     """SentEval sts-*.csv: tab-separated genre, file, year, id, score, s1, s2."""
-    for number, text, error in _lines(path):
+    for number, text, error in _lines(path, span):
         if error:
             yield _bad(path, number, error, "")
             continue
@@ -151,9 +191,9 @@ def _senteval_sts(path: Path) -> Iterator[Row]:
         yield _guard(lambda p=parts: sts_record(p[5], p[6], p[4]), str(path), number, text)
 
 
-def _sentences_txt(path: Path) -> Iterator[Row]:
+def _sentences_txt(path: Path, span: Span | None = None) -> Iterator[Row]:
     """One sentence per line (SimCSE's wiki1m_for_simcse.txt); blank lines are not records."""
-    for number, text, error in _lines(path):
+    for number, text, error in _lines(path, span):
         if error:
             yield _bad(path, number, error, "")
         else:
@@ -191,6 +231,16 @@ def _parquet(path: Path, convert: Callable[[dict], Row]) -> Iterator[Row]:
     for number, record in enumerate(pq.read_table(path).to_pylist(), start=1):
         yield _guard(lambda r=record: convert(r), str(path), number, json.dumps(record, default=str))
 
+
+# Formats whose every line is a record of its own: a large file is read as many spans (file_spans) in parallel.
+SPLITTABLE: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
+    "pairs": {"pairs_jsonl": lambda p, span: _records(p, pair_record, span),
+              "snli_jsonl": lambda p, span: _records(p, _snli, span)},
+    "sts": {"stsb_csv": _stsb_csv, "senteval_sts": _senteval_sts},
+    "sentences": {"txt": _sentences_txt, "jsonl": lambda p, span: _records(p, sentence_record, span)},
+    "lists": {"jsonl": lambda p, span: _records(p, _ranked_list, span)},
+    "triples": {"jsonl": lambda p, span: _records(p, triple_record, span)},
+}
 
 PARSERS: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
     "pairs": {
@@ -251,16 +301,19 @@ FIELDS = {
 }
 
 
-def parse(kind: str, fmt: str, path: Path, split: str | None = None) -> Iterator[Row]:
-    """Every raw record of ``path`` as a row with all of the kind's fields (None on bad rows) plus
-    ``source``, ``line``, ``error`` (None when good), ``raw`` (the text of a bad row) and ``skipped``."""
+def parse(kind: str, fmt: str, path: Path, split: str | None = None, span: Span | None = None) -> Iterator[Row]:
+    """Every raw record of ``path`` (or of its ``span``, for a format in SPLITTABLE) as a row with all of the kind's
+    fields (None on bad rows) plus ``source``, ``line``, ``error`` (None when good), ``raw`` (the text of a bad row)
+    and ``skipped``."""
     if kind not in PARSERS:
         raise ValueError(f"unknown corpus kind {kind!r}; known: {CORPUS_KINDS}")
     if fmt not in PARSERS[kind]:
         raise ValueError(f"format {fmt!r} does not hold {kind}; use one of {sorted(PARSERS[kind])}")
     empty = dict.fromkeys(FIELDS[kind])
-    for row in PARSERS[kind][fmt](path, split):
+    rows = SPLITTABLE[kind][fmt](path, span) if span is not None else PARSERS[kind][fmt](path, split)
+    for row in rows:
         yield {**empty, "skipped": False, **row}
 
 
-__all__ = ["CORPUS_KINDS", "PARSERS", "NO_LABEL", "detect_format", "normalise_label", "parse"]
+__all__ = ["CORPUS_KINDS", "PARSERS", "SPLITTABLE", "Span", "file_spans", "NO_LABEL", "detect_format",
+           "normalise_label", "parse"]

@@ -87,6 +87,9 @@ class DataConfig(Section):
     max_rows: int | None = Field(None, ge=1, description="use only the first N rows (after shuffle_seed, if set)")
     shuffle_seed: int | None = Field(None, description="shuffle rows with this seed before max_rows (fair subsamples)")
     on_bad_record: Literal["fail", "quarantine"] = Field("fail", description="stop on bad rows, or set them aside")
+    cache: bool = Field(True, description="keep the validated corpus as Parquet under <trainer.storage_path>/"
+                        "corpus_cache and reuse it while the files are unchanged (path, size, modification time): a "
+                        "sweep trial or a resubmission skips parsing and validation")
     triplets: bool = Field(False, description="NLI pairs -> (premise, entailment, contradiction) triplets: supervised "
                            "SimCSE's hard negatives (infonce/hince see them as emb_neg)")
 

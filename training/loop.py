@@ -1,11 +1,12 @@
 """The per-worker training loop (Ray Train's ``train_loop_per_worker``).
 
-Each worker holds the corpus and takes its micro-batches by index (``StepPlan.micro_rows``: a function of seed,
-step, micro-batch and rank), embeds them, all-gathers the embeddings with gradient so the composite objective
-sees the global batch, and steps its strategy; dropout is re-seeded per micro-batch the same way. So a run is the
-same on any worker count, and a resumed run continues exactly where it stopped. Rank 0 evaluates STS-B dev every
-``eval_every`` steps; every worker then reports the metrics with a checkpoint (model in sentence-transformers
-format, optimizer, scheduler, step) that a restarted worker group resumes from.
+Each worker maps the content-ordered corpus from Ray's object store and takes its micro-batches by index
+(``StepPlan.micro_rows``: a function of seed, step, micro-batch and rank; the next one prepared in the background),
+embeds them, all-gathers the embeddings with gradient so the composite objective sees the global batch, and steps its
+strategy; dropout is re-seeded per micro-batch the same way. So a run is the same on any worker count, and a resumed
+run continues exactly where it stopped. Rank 0 evaluates STS-B dev every ``eval_every`` steps; every worker then
+reports the metrics with a checkpoint (model in sentence-transformers format, optimizer, scheduler, step) that a
+restarted worker group resumes from.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tracking.metrics import MetricsLog
 from training.checkpoints import report_checkpoint, resume_folder, write_failed, write_manifest
 from training.kinds import TRAINING_KINDS, BatchContext, DataKind, ModelAdditions
 from training.plan import StepPlan
-from training.rows import load_rows, take
+from training.rows import CorpusRows, MicroBatchFeed
 from training.strategy import STRATEGIES
 from training.worker_config import DevSet, WorkerConfig
 
@@ -95,17 +96,21 @@ def train_loop_per_worker(cfg: WorkerConfig) -> None:
     seed_everything(cfg.trainer.seed)
     device = ray.train.torch.get_device() if cfg.trainer.use_gpu else torch.device("cpu")
     kind = TRAINING_KINDS[cfg.kind]
+    rows = CorpusRows(cfg.corpus)  # before the first collective (DDP's broadcast in the strategy's set-up)
     model, strategy, progress = _setup_model_and_strategy(cfg, kind, device, rank, world)
     objective = CompositeObjective(cfg.objective_weights, cfg.objective_params)
     evaluator, metrics_log = Evaluator(cfg.dev), MetricsLog(cfg.tracking if rank == 0 else None)
-    rows = _corpus_rows(cfg.plan, rank)
     if rank == 0:
         _announce(cfg.plan, world, strategy.name, kind.unit, progress)
     batches = BatchContext(module=strategy.module, model=model, device=device, autocast=strategy.autocast,
                            length_buckets=cfg.trainer.length_buckets, fields=cfg.fields,
                            negative_dropout=cfg.model.negative_dropout)
     run = _Run(cfg, kind, batches, strategy, objective, evaluator, metrics_log, rank, world)
-    _train(run, rows, progress)
+    feed = MicroBatchFeed(rows, cfg.plan, cfg.trainer.seed, rank)
+    try:
+        _train(run, feed, progress)
+    finally:
+        feed.close()
     metrics_log.close()  # waits (tracking.retry_seconds) for an absent server to take the buffered metrics
     if progress.resumed_at is not None and progress.resumed_at >= cfg.plan.total_steps and rank == 0:
         print(f"[raoe] run already complete at step {progress.resumed_at}", flush=True)
@@ -136,17 +141,6 @@ def _setup_model_and_strategy(cfg: WorkerConfig, kind, device, rank: int, world:
     return model, strategy, progress
 
 
-def _corpus_rows(plan: StepPlan, rank: int) -> dict[str, np.ndarray]:
-    """The whole corpus on every worker: micro-batches are taken from it by index (training/plan.py)."""
-    import ray.train
-
-    rows = load_rows(ray.train.get_dataset_shard("train"))
-    read = len(next(iter(rows.values())))
-    if read != plan.rows:
-        raise RuntimeError(f"worker {rank} read {read} rows, the plan has {plan.rows}")
-    return rows
-
-
 def _announce(plan: StepPlan, world: int, strategy: str, unit: str, progress: Progress) -> None:
     print(f"[raoe] {world} worker(s), {strategy}, {plan.total_steps} steps of {plan.global_batch} {unit} "
           f"({plan.micro_batch} per worker x {plan.grad_accum} accumulation)"
@@ -168,40 +162,38 @@ class _Run:
     world: int
 
 
-def _train(run: _Run, rows: dict[str, np.ndarray], progress: Progress) -> None:
+def _train(run: _Run, feed: MicroBatchFeed, progress: Progress) -> None:
     cfg, strategy, rank = run.cfg, run.strategy, run.rank
     plan = cfg.plan
     print_every = max(1, plan.total_steps // 50)
-    order_epoch, order, started = None, None, time.perf_counter()
+    started = time.perf_counter()
     while progress.step < plan.total_steps:
-        epoch = progress.step // plan.steps_per_epoch
-        if epoch != order_epoch:
-            order_epoch, order = epoch, plan.epoch_order(cfg.trainer.seed, epoch)
-        loss, parts = _optimizer_step(run, rows, order, progress.step)
+        loss, parts = _optimizer_step(run, feed, progress.step)
         grad_norm = strategy.step()
         progress.step += 1
         step, elapsed = progress.step, time.perf_counter() - started
-        metrics = {"train_loss": loss, "grad_norm": grad_norm, "lr": strategy.lr(),
+        metrics = {"train_loss": loss, "grad_norm": grad_norm, "lr": strategy.lr(), "data_wait_s": feed.take_wait(),
                    **{f"grad_norm/{k}": v for k, v in strategy.watched_norms.items()},
                    **{f"loss/{k}": v for k, v in parts.items()},
                    "pairs_per_second": plan.global_batch * (step - (progress.resumed_at or 0)) / max(elapsed, 1e-9)}
         run.metrics_log.log(metrics, step)
         if rank == 0 and (step % print_every == 0 or step == plan.total_steps):
             print(f"[raoe] step {step}/{plan.total_steps} loss {loss:.4f} grad norm {grad_norm:.4g} "
-                  f"lr {metrics['lr']:.2e} {metrics['pairs_per_second']:.1f} rows/s", flush=True)
+                  f"lr {metrics['lr']:.2e} {metrics['pairs_per_second']:.1f} rows/s "
+                  f"data wait {metrics['data_wait_s'] * 1000:.1f} ms", flush=True)
         if step % cfg.trainer.eval_every == 0 or step == plan.total_steps:
             _evaluate_and_report(run, step, {"train_loss": loss, "grad_norm": grad_norm}, progress)
         for hook in cfg.after_step:  # tests only (training.faults): production runs install none
             hook(step=step, rank=rank, world=run.world, resumed=progress.resumed_at is not None)
 
 
-def _optimizer_step(run: _Run, rows, order, step: int) -> tuple[float, dict[str, float]]:
+def _optimizer_step(run: _Run, feed: MicroBatchFeed, step: int) -> tuple[float, dict[str, float]]:
     """Every micro-batch of one optimizer step through the encoder, gathered, into the objective and backward;
     returns the step's mean loss and per-objective parts (the optimizer steps in the caller)."""
     plan, strategy = run.cfg.plan, run.strategy
     loss_sum, parts_sum = 0.0, {}
     for micro in range(plan.grad_accum):
-        batch = take(rows, plan.micro_rows(order, step, micro, run.rank))
+        batch = feed.rows_for(step, micro)
         seed_micro_batch(run.cfg.trainer.seed, step, micro, run.rank)
         with strategy.sync_context(micro == plan.grad_accum - 1):
             loss, parts = run.objective(run.kind.build(run.batches, batch))

@@ -1,27 +1,69 @@
-"""A worker's copy of the training corpus, in an order that does not depend on how it was read.
+"""The training corpus as the workers see it: Arrow blocks in Ray's object store, in an order that is a function of
+content, addressed by row index.
 
-Every worker reads the whole (materialised) corpus once and then takes its micro-batches by row index
-(``StepPlan.micro_rows``). Rows are put in a canonical order, by a hash of their content, so a resubmitted job
-that reads the files again (Ray Data may hand out blocks in another order) sees the same rows at every step.
-Memory: one copy of the training columns per worker (941k NLI pairs are a few hundred MB)."""
+The driver orders the validated corpus once by a hash of each row's content (``content_ordered``: one Ray task per
+block hashes it, the driver sorts the 8-byte keys), so a resubmitted job that reads the files again (Ray Data may
+hand out blocks in another order) sees the same rows at every step; it hands the workers references to the blocks
+and to that order. A worker maps them (``CorpusRows``): on its
+node the object store holds one copy for all its workers, read without copying, and only the rows of the worker's
+own micro-batches become Python objects. So a worker's memory does not grow with the corpus, and nothing is loaded
+through a per-worker Ray Data iterator.
+
+``MicroBatchFeed`` takes the rows of the next micro-batch in a background thread while the current one trains, and
+counts the time the loop still waited for them (``data_wait_s``)."""
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
+import pandas as pd
+
+from training.plan import StepPlan
 
 
-def load_rows(iterator, batch_rows: int = 65_536) -> dict[str, np.ndarray]:
-    """All rows of a Ray Data iterator as numpy columns, sorted by a content hash (ties are identical rows)."""
-    import pandas as pd
+@dataclass(frozen=True)
+class CorpusBlocks:
+    """The training corpus in Ray's object store: its Arrow blocks, and the content order of its rows."""
 
-    frames = list(iterator.iter_batches(batch_size=batch_rows, batch_format="pandas"))
-    if not frames:
-        raise ValueError("the training corpus reached the worker empty")
-    frame = pd.concat(frames, ignore_index=True)
-    hashable = frame.apply(lambda column: column.map(_scalar) if column.dtype == object else column)
-    keys = pd.util.hash_pandas_object(hashable, index=False).to_numpy()
-    order = np.argsort(keys, kind="stable")
-    return {column: frame[column].to_numpy()[order] for column in frame.columns}
+    blocks: tuple[Any, ...]  # ray.ObjectRef[pyarrow.Table], in the order the row positions count them
+    order: Any  # ray.ObjectRef[np.ndarray]: row i of the corpus is position order[i] of the blocks
+    rows: int
+
+
+def content_ordered(ds) -> CorpusBlocks:
+    """The (validated, materialised) corpus ordered by a content hash: one Ray task per block hashes its rows where
+    the block is, the driver argsorts the keys (8 bytes a row; ties are identical rows). The blocks stay in the
+    object store, referenced by the result (keep it alive while workers train)."""
+    import ray
+
+    blocks = ds.to_arrow_refs()  # zero-copy: a materialised dataset's blocks are Arrow already
+    hashing = ray.remote(num_cpus=1)(row_keys)
+    keys = ray.get([hashing.remote(block) for block in blocks])
+    order = np.argsort(np.concatenate(keys) if keys else np.zeros(0, np.uint64), kind="stable")
+    return CorpusBlocks(blocks=tuple(blocks), order=ray.put(order), rows=len(order))
+
+
+def row_keys(table) -> np.ndarray:
+    """A 64-bit hash of each row's content, computed on the pandas view Ray Data gives of the block."""
+    from ray.data.block import BlockAccessor
+
+    frame = BlockAccessor.for_block(table).to_pandas()
+    return pd.util.hash_pandas_object(frame.apply(_hashable), index=False).to_numpy()
+
+
+def _hashable(column: pd.Series) -> pd.Series:
+    """Numbers and text as they are; any other cell (a ranked list's sentences, a teacher matrix, held as objects or
+    as Ray's tensor columns) as one string."""
+    api = pd.api.types
+    if column.dtype != object and (api.is_numeric_dtype(column) or api.is_string_dtype(column)
+                                   or api.is_bool_dtype(column)):
+        return column
+    return column.astype(object).map(_scalar)
 
 
 def _scalar(value):
@@ -31,5 +73,75 @@ def _scalar(value):
     return value
 
 
-def take(rows: dict[str, np.ndarray], index: np.ndarray) -> dict[str, np.ndarray]:
-    return {column: values[index] for column, values in rows.items()}
+class CorpusRows:
+    """A worker's view of the corpus: the blocks mapped from its node's object store (no copy), rows taken by index
+    from one contiguous record batch at a time (Arrow's take on a chunked column would first concatenate its chunks:
+    a private copy of the whole column) and converted as Ray Data converts a pandas batch."""
+
+    def __init__(self, corpus: CorpusBlocks):
+        import ray
+
+        self.blocks = [batch for table in ray.get(list(corpus.blocks)) for batch in table.to_batches() if batch.num_rows]
+        self.starts = np.cumsum([0] + [block.num_rows for block in self.blocks])
+        self.order = ray.get(corpus.order)  # read-only, shared with the node's other workers
+        if self.starts[-1] != corpus.rows or len(self.order) != corpus.rows:
+            raise RuntimeError(f"the corpus blocks hold {self.starts[-1]} rows, the plan has {corpus.rows}")
+        self.columns = list(self.blocks[0].schema.names) if self.blocks else []
+
+    def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
+        import pyarrow as pa
+        from ray.data.block import BlockAccessor
+
+        index = self.order[np.asarray(index, dtype=np.int64)]  # row numbers -> positions in the blocks
+        block_of = np.searchsorted(self.starts, index, side="right") - 1
+        order = np.argsort(block_of, kind="stable")  # grouped by block, then put back in the asked order
+        parts = [self.blocks[b].select(self.columns).take(index[order][block_of[order] == b] - self.starts[b])
+                 for b in np.unique(block_of)]
+        part = pa.concat_tables([pa.Table.from_batches([p]) for p in parts], promote_options="default")  # blocks may
+        part = part.take(np.argsort(order, kind="stable"))  # differ in schema (a column all null in one)
+        frame = BlockAccessor.for_block(part).to_pandas()
+        return {column: frame[column].to_numpy() for column in frame.columns}
+
+
+class MicroBatchFeed:
+    """This worker's micro-batch rows in training order, the next one prepared in a background thread."""
+
+    def __init__(self, rows: CorpusRows, plan: StepPlan, seed: int, rank: int):
+        self.rows, self.plan, self.seed, self.rank = rows, plan, seed, rank
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raoe-feed")
+        self._pending: tuple[tuple[int, int], Future] | None = None
+        self._orders: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+        self.wait_s = 0.0  # time the loop waited for rows since the last ``take_wait``
+
+    def rows_for(self, step: int, micro: int) -> dict[str, np.ndarray]:
+        """Rows of micro-batch ``micro`` of optimizer step ``step`` (0-based); starts preparing the next one."""
+        started = time.perf_counter()
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == (step, micro):
+            batch = pending[1].result()
+        else:
+            batch = self._prepare(step, micro)
+        self.wait_s += time.perf_counter() - started
+        following = (step, micro + 1) if micro + 1 < self.plan.grad_accum else (step + 1, 0)
+        if following[0] < self.plan.total_steps:
+            self._pending = (following, self._pool.submit(self._prepare, *following))
+        return batch
+
+    def take_wait(self) -> float:
+        waited, self.wait_s = self.wait_s, 0.0
+        return waited
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _prepare(self, step: int, micro: int) -> dict[str, np.ndarray]:
+        return self.rows.take(self.plan.micro_rows(self._order(step // self.plan.steps_per_epoch), step, micro,
+                                                   self.rank))
+
+    def _order(self, epoch: int) -> np.ndarray:
+        with self._lock:
+            if epoch not in self._orders:
+                self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1}  # the pass before at most
+                self._orders[epoch] = self.plan.epoch_order(self.seed, epoch)
+            return self._orders[epoch]

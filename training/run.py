@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from data_pipelines.hub import is_hub_source
-from data_pipelines.readers import corpus_files, load_corpus
+from data_pipelines.readers import corpus_files, count_where, load_corpus
 from encoders.model_uris import resolve_model
 from encoders.sources import cache_root
 from evaluation.sts import stsb_dev_pairs
@@ -28,6 +28,7 @@ from training.checkpoints import storage_failure
 from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, DataKind
 from training.loop import DEV_METRIC, MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
 from training.plan import plan_steps
+from training.rows import CorpusBlocks, content_ordered
 from training.worker_config import DevSet, WorkerConfig
 
 JOB_DATA = {"stage1": "pairs", "stage2": "sts", "unsupervised": "sentences", "posttrain": "lists",
@@ -135,15 +136,16 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
             mlflow.log_params({k: str(v)[:500] for k, v in _flat(resolved).items()})
             mlflow.log_dict(resolved, "config.json")
         with ray_session():
-            ds, report, rows, extras = _training_data(cfg, pre, Path(cfg.output_dir) / run_name / "quarantine.jsonl")
+            corpus, report, extras = _training_data(cfg, pre, Path(cfg.output_dir) / run_name / "quarantine.jsonl")
+            rows = corpus.rows
             plan = plan_steps(rows, world=cfg.trainer.num_workers,
                               global_batch=cfg.trainer.global_batch_size, grad_accum=cfg.trainer.grad_accum,
                               epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
                               warmup_ratio=cfg.trainer.warmup_ratio)
             print(f"[raoe] {cfg.stage}: {rows} {pre.kind.unit}, {plan.total_steps} steps "
                   f"({plan.steps_per_epoch} per epoch), run {run_name!r}" + (" (resumed)" if resumed else ""), flush=True)
-            worker_config = _worker_config(cfg, pre, plan, extras, run_name, run_id, after_step)
-            result = _fit(cfg, ds, worker_config, run_name, callbacks)
+            worker_config = _worker_config(cfg, pre, plan, corpus, extras, run_name, run_id, after_step)
+            result = _fit(cfg, worker_config, run_name, callbacks)
         out_dir = Path(cfg.output_dir).resolve() / run_name
         best_metrics, history, curve = _export_best(result, pre.dev_pairs is not None, cfg, out_dir)
         finished = pre.kind.finish(cfg, out_dir / MODEL_DIR, extras, out_dir) if pre.kind.finish else {}
@@ -173,7 +175,7 @@ def preflight(cfg: TrainJobConfig) -> Preflight:
 
 
 def _training_data(cfg: TrainJobConfig, pre: Preflight, quarantine: Path):
-    """(Ray Dataset of training rows, DataReport, row count, the kind's extras for the workers)."""
+    """(the content-ordered training rows in Ray's object store, DataReport, the kind's extras for the workers)."""
     import ray.data
 
     ray.data.DataContext.get_current().enable_progress_bars = False  # the loop prints its own progress
@@ -183,15 +185,36 @@ def _training_data(cfg: TrainJobConfig, pre: Preflight, quarantine: Path):
     else:
         ds, report = load_corpus(kind.corpus, cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
                                  max_rows=None if kind.name == "triplets" else cfg.data.max_rows,
-                                 shuffle_seed=cfg.data.shuffle_seed,
-                                 on_bad_record=cfg.data.on_bad_record, quarantine_path=quarantine)
+                                 shuffle_seed=cfg.data.shuffle_seed, on_bad_record=cfg.data.on_bad_record,
+                                 quarantine_path=quarantine, cache_dir=_corpus_cache(cfg))
     ds, rows = kind.prepare(ds, ds.count() if kind.load else report.rows_written, cfg, pre.start_model)
     if "scores" in pre.needed:
-        missing = ds.filter(lambda r: r["similarity"] is None or r["similarity"] != r["similarity"]).count()
+        missing = count_where(ds, _without_similarity)
         if missing:
             raise ValueError(f"{missing} of {report.rows_written} training pairs have no similarity S; "
                              f"annotate them first (ray_jobs/annotate.py) or pick objectives without S")
-    return ds, report, rows, extras
+    corpus = content_ordered(ds)
+    if corpus.rows != rows:
+        raise RuntimeError(f"ordering the corpus gave {corpus.rows} rows of {rows}")
+    return corpus, report, extras
+
+
+def _without_similarity(table):
+    """Rows whose S is missing or NaN (an all-null column has Arrow's null type)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = table["similarity"]
+    if pa.types.is_null(column.type):
+        return pa.array([True] * len(column))
+    return pc.fill_null(pc.is_nan(column.cast(pa.float64())), True)
+
+
+def _corpus_cache(cfg: TrainJobConfig) -> Path | None:
+    """Where validated corpora are kept (data.cache): beside the checkpoints, on storage every node reaches. Not on
+    an object store (s3://, gs://), which Parquet caching here does not write to."""
+    storage = _storage(cfg)
+    return Path(storage) / "corpus_cache" if cfg.data.cache and "://" not in storage else None
 
 
 def _storage(cfg: TrainJobConfig) -> str:
@@ -199,13 +222,14 @@ def _storage(cfg: TrainJobConfig) -> str:
     return storage if "://" in storage else str(Path(storage).resolve())
 
 
-def _worker_config(cfg: TrainJobConfig, pre: Preflight, plan, extras: dict, run_name: str, run_id: str,
-                   after_step: tuple):
+def _worker_config(cfg: TrainJobConfig, pre: Preflight, plan, corpus: CorpusBlocks, extras: dict, run_name: str,
+                   run_id: str, after_step: tuple):
     import ray
 
     return WorkerConfig(
         model=cfg.model, trainer=cfg.trainer, start_model=pre.start_model,
-        objective_weights=cfg.objective.weights, objective_params=pre.params, plan=plan, kind=pre.kind.name,
+        objective_weights=cfg.objective.weights, objective_params=pre.params, plan=plan, corpus=corpus,
+        kind=pre.kind.name,
         fields=tuple(sorted(pre.needed & set(FIELD_COLUMNS))),
         dev=DevSet(pairs=ray.put(pre.dev_pairs) if pre.dev_pairs is not None else None,
                    batch_size=cfg.eval.batch_size, relation_weights=getattr(cfg.eval, "relation_weights", None)),
@@ -216,16 +240,15 @@ def _worker_config(cfg: TrainJobConfig, pre: Preflight, plan, extras: dict, run_
     )
 
 
-def _fit(cfg: TrainJobConfig, ds, worker_config: WorkerConfig, run_name: str, callbacks: list | None):
+def _fit(cfg: TrainJobConfig, worker_config: WorkerConfig, run_name: str, callbacks: list | None):
     """The Ray Train worker group; a checkpoint that cannot be written ends the run with where and what to do."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
     trainer = TorchTrainer(
-        train_loop_per_worker, train_loop_config=worker_config, datasets={"train": ds},
-        # Not split: every worker reads the whole corpus and takes its rows by index (training/plan.py), so the rows
-        # of each step do not depend on how Ray Data hands out blocks.
-        dataset_config=ray.train.DataConfig(datasets_to_split=[]),
+        # No Ray Data iterator per worker: each maps the content-ordered blocks (worker_config.corpus) and takes its
+        # rows by index (training/plan.py), so the rows of a step do not depend on how Ray Data hands out blocks.
+        train_loop_per_worker, train_loop_config=worker_config,
         torch_config=TorchConfig(backend="nccl" if cfg.trainer.use_gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(
             num_workers=cfg.trainer.num_workers, use_gpu=cfg.trainer.use_gpu,
@@ -275,6 +298,7 @@ def _payload(cfg: TrainJobConfig, pre: Preflight, result, best_metrics: dict, re
         "start_model": pre.start_model,
         "rows_in": report.rows_in, "rows_written": report.rows_written,
         "rows_quarantined": report.rows_quarantined, "quarantine_path": report.quarantine_path,
+        "corpus_cache": report.cache,  # "read" or "written" (data.cache), None when not cached (RSE's mix)
         "plan": plan.as_dict(), "strategy": cfg.trainer.strategy, "num_workers": cfg.trainer.num_workers,
         "quantization": cfg.model.quantization, "lora": cfg.model.lora.model_dump() if cfg.model.lora else None,
         "checkpoint_path": result.path, "tracking_uri": tracking_uri(), "experiment": cfg.tracking.experiment,

@@ -9,6 +9,7 @@ from typing import Any, Callable
 from jobconfig.schema import ModelConfig, TrainerConfig
 from tracking.metrics import RunTarget
 from training.plan import StepPlan
+from training.rows import CorpusBlocks
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class WorkerConfig:
     objective_weights: dict[str, float]
     objective_params: dict[str, dict[str, Any]]
     plan: StepPlan
+    corpus: CorpusBlocks  # the content-ordered training rows in Ray's object store (training.rows)
     kind: str  # training.kinds.TRAINING_KINDS
     fields: tuple[str, ...]  # corpus columns gathered for the objective (scores, labels): the same on every worker
     dev: DevSet

@@ -127,3 +127,27 @@ def test_real_senteval_snli_and_stsb_files(dev_data):
     assert len(sts) == 1500 and all(r["error"] is None for r in sts)
     senteval = list(parse("sts", "senteval_sts", dev_data / "senteval" / "STS" / "STSBenchmark" / "sts-dev.csv"))
     assert len(senteval) == 1500 and senteval[0]["score"] == 5.0
+
+
+@pytest.mark.parametrize("target, chunk", [(1, 64), (300, 64), (4096, 1000), (1 << 20, 8 << 20)])
+def test_a_file_read_as_spans_gives_every_record_with_its_own_line_number(tmp_path, target, chunk):
+    """A large file is read as many spans in parallel: together they give exactly the whole file's records, bad
+    ones named by the file's line numbers, whatever the span and read-chunk sizes (BOM, CRLF, blank lines, bad
+    UTF-8 and a missing final newline included)."""
+    import random
+
+    from data_pipelines.formats import file_spans
+
+    rng = random.Random(0)
+    lines = [b"\xff\xfe not utf-8" if rng.random() < 0.03 else b"{broken" if rng.random() < 0.03 else b"  "
+             if rng.random() < 0.03 else json.dumps({"text1": "a" * rng.randint(1, 90), "text2": "b", "label": 0,
+                                                    "similarity": 0.5}).encode() for _ in range(600)]
+    path = tmp_path / "pairs.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(lines))
+    whole = list(parse("pairs", "pairs_jsonl", path))
+    spans = file_spans(path, target, chunk_bytes=chunk)
+    assert spans[0].start == 0 and spans[-1].end == path.stat().st_size
+    assert all(a.end == b.start for a, b in zip(spans, spans[1:]))
+    assert [r for s in spans for r in parse("pairs", "pairs_jsonl", path, span=s)] == whole
+    assert len(spans) > 1 or target >= path.stat().st_size
+    assert sum(r["error"] is not None for r in whole) > 20  # the bad lines are there, numbered as in the file

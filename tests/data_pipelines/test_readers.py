@@ -77,3 +77,38 @@ def test_two_streaming_shards_are_disjoint_and_cover_the_data(ray_local, tmp_pat
 def test_real_snli_dev_reads_through_ray(ray_local, dev_data):
     ds, report = load_corpus("pairs", dev_data / "snli", split="dev")
     assert report.format == "senteval_nli" and report.rows_in == 9842 == ds.count()
+
+
+def test_a_large_file_is_read_as_many_tasks_with_the_same_rows_and_bad_lines(ray_local, tmp_path, monkeypatch):
+    """One file becomes one read task per span (data_pipelines.readers.SPAN_BYTES), so a 100M-line corpus is not
+    one task: the validated rows and the named bad lines are those of a whole-file read."""
+    import data_pipelines.readers as readers
+
+    path = corpus(tmp_path)
+    whole, whole_report = load_corpus("pairs", path, on_bad_record="quarantine", quarantine_path=tmp_path / "a.jsonl")
+    monkeypatch.setattr(readers, "SPAN_BYTES", 200)  # about 3 lines a task
+    raw, _, _ = readers.read_raw("pairs", path)
+    assert raw.materialize().num_blocks() >= 8  # one per span of ~3 lines: 40 lines, ~2.5 kB
+    split, split_report = load_corpus("pairs", path, on_bad_record="quarantine", quarantine_path=tmp_path / "b.jsonl")
+    assert sorted(map(json.dumps, split.take_all())) == sorted(map(json.dumps, whole.take_all()))
+    lines = [sorted(json.loads(x)["line"] for x in open(r.quarantine_path)) for r in (whole_report, split_report)]
+    assert lines[0] == lines[1] == [6, 18, 31]
+
+
+def test_a_validated_corpus_is_read_back_from_the_cache_until_its_files_change(ray_local, tmp_path):
+    """A sweep trial or a resubmission over the same files skips parsing and validation: the rows, the counts and
+    the quarantined lines come back from Parquet; a changed file is validated again."""
+    path, cache = corpus(tmp_path), tmp_path / "cache"
+    options = {"on_bad_record": "quarantine", "cache_dir": cache}
+    first, first_report = load_corpus("pairs", path, quarantine_path=tmp_path / "q1.jsonl", **options)
+    again, again_report = load_corpus("pairs", path, quarantine_path=tmp_path / "q2.jsonl", **options)
+    assert (first_report.cache, again_report.cache) == ("written", "read")
+    assert sorted(map(json.dumps, again.take_all())) == sorted(map(json.dumps, first.take_all()))
+    counts = lambda r: (r.rows_in, r.rows_written, r.rows_quarantined)  # noqa: E731
+    assert counts(again_report) == counts(first_report) == (40, 37, 3)
+    assert again_report.quarantine_path == str((tmp_path / "q2.jsonl").resolve())
+    assert [json.loads(x)["line"] for x in open(again_report.quarantine_path)] == [6, 18, 31]
+    assert load_corpus("pairs", path, max_rows=10, **options)[1].cache == "written"  # another key: its own entry
+    path.write_text(path.read_text().replace('"s1"', '"changed"'))
+    changed, changed_report = load_corpus("pairs", path, quarantine_path=tmp_path / "q3.jsonl", **options)
+    assert changed_report.cache == "written" and "changed" in {r["text1"] for r in changed.take_all()}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from data_pipelines.readers import count_where
 from data_pipelines.triplets import nli_triplets
 from objectives.composite import EmbeddingBatch
 from objectives.gather import gather_no_grad, gather_with_grad
@@ -56,10 +57,20 @@ def sentences_only(ds, cfg, start_model: str):
     return ds.select_columns(["text"])  # a SAN corpus trains plain SimCSE too: its negatives stay behind
 
 
+def _without_negative(table):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = table["negative"]
+    if pa.types.is_null(column.type):
+        return pa.array([True] * len(column))
+    return pc.fill_null(pc.equal(column, ""), True)
+
+
 def sentences_with_negatives(ds, cfg, start_model: str):
     """Every sentence trains, with or without its aligned negative (the paper trains SimCSE+SAN on all of Wiki1M;
     HiNCE leaves a missing negative out of the softmax). A corpus with none is refused: it would be plain SimCSE."""
-    total, missing = ds.count(), ds.filter(lambda r: not r["negative"]).count()
+    total, missing = ds.count(), count_where(ds, _without_negative)
     if missing == total:
         raise ValueError(f"the {total} sentences of {cfg.data.train} have no 'negative'; the objective (hince) needs "
                          f"aligned negatives: generate them with ray_jobs/generate_san.py")

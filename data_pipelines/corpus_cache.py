@@ -1,0 +1,56 @@
+"""Validated corpora kept as Parquet, so a second run over the same files (a sweep trial, a resubmission, a
+restarted driver) skips parsing and validation and reads Arrow straight back.
+
+A cached corpus is keyed by everything that decides its rows: each file's path, size and modification time (as
+``make`` decides), the corpus kind, format, split, ``max_rows``, ``shuffle_seed``, ``on_bad_record`` and this
+module's format version. It lives under ``<trainer.storage_path>/corpus_cache/<key>/`` (the storage every node of a
+cluster reaches): ``rows/`` (Parquet written from the cluster), ``quarantine.jsonl`` (the bad rows, if any) and
+``report.json``, written last, so a folder without it is an interrupted write and is written again."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+CACHE_VERSION = 1
+REPORT = "report.json"
+
+
+def corpus_key(kind: str, files: list[Path], fmt: str, **options) -> str:
+    """A stable key of what decides the validated rows (``options``: split, max_rows, shuffle_seed, on_bad_record)."""
+    stats = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) if f.is_file() else
+             (str(f.resolve()), *sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in f.iterdir()))
+             for f in files]
+    identity = json.dumps({"version": CACHE_VERSION, "kind": kind, "format": fmt, "files": stats, **options},
+                          sort_keys=True, default=str)
+    return hashlib.sha256(identity.encode()).hexdigest()[:24]
+
+
+def read_cached(folder: Path, quarantine_path: Path | None):
+    """(Ray Dataset, report fields) of a whole cached corpus, or None. Its quarantine file is copied where this run
+    keeps its own."""
+    import ray
+
+    if not (folder / REPORT).exists():
+        return None
+    report = json.loads((folder / REPORT).read_text())
+    if report.get("quarantine_path"):
+        target = Path(quarantine_path or "quarantine.jsonl")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(folder / "quarantine.jsonl", target)
+        report["quarantine_path"] = str(target.resolve())
+    return ray.data.read_parquet(str(folder / "rows")).materialize(), report
+
+
+def write_cached(folder: Path, ds, report: dict) -> None:
+    """The validated rows as Parquet (written by the cluster's tasks, nothing collected here), then the report."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    ds.write_parquet(str(folder / "rows"))
+    if report.get("quarantine_path"):
+        shutil.copyfile(report["quarantine_path"], folder / "quarantine.jsonl")
+    partial = folder / (REPORT + ".partial")
+    partial.write_text(json.dumps(report, indent=2))
+    partial.rename(folder / REPORT)
