@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import machine, write_results  # noqa: E402
+from benchmarks.common import RESULTS, machine, write_results  # noqa: E402
 
 CACHE = Path(os.environ.get("RAOE_BENCH_CACHE", Path(tempfile.gettempdir()) / "raoe_data_scale"))
 WORDS = ("a man woman child dog group people player crowd girl boy worker is are was holding running sitting "
@@ -133,11 +133,27 @@ def worktree(rev: str) -> Path:
     return path
 
 
+def render(results: list[dict], workers: int, before: str | None) -> str:
+    lines = ["# Data at scale: worker memory and time to the first step", "",
+             f"Tiny Stage 1 job, {workers} Ray Train workers, synthetic NLI pairs (~200 bytes of text each), "
+             f"3 steps of 32; `python benchmarks/data_scale.py` on {machine()['cpus']} CPUs"
+             + (f"; before = {before}" if before else "") + ". RSS counts the object-store pages a worker maps "
+             "(shared by the node's workers); USS is what the worker alone holds.", "",
+             "| pairs | design | peak RSS per worker (MB) | peak USS per worker (MB) | all processes (MB) | "
+             "first step (s) | job (s) | corpus cache |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['rows']:,} | {r['design']} | {r['worker_rss_mb']} | {r['worker_uss_mb']} | "
+              f"{r['all_processes_mb']} | {r['first_step_s']} | {r['job_s']} | {r.get('corpus_cache') or '-'} |"
+              for r in results]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[20_000, 1_000_000, 3_000_000])
     parser.add_argument("--before", help="git revision of the design to compare with (run in a worktree)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--append", action="store_true",
+                        help="keep the results of other corpus sizes already in benchmarks/results/data_scale.json")
     args = parser.parse_args()
     designs = {"after": ROOT}
     if args.before:
@@ -157,16 +173,13 @@ def main() -> None:
     finally:
         if args.before:
             subprocess.run(["git", "worktree", "remove", "--force", str(designs["before"])], cwd=ROOT, check=False)
-    lines = ["# Data at scale: worker memory and time to the first step", "",
-             f"Tiny Stage 1 job, {args.workers} Ray Train workers, synthetic NLI pairs (~200 bytes of text each), "
-             f"3 steps of 32; `python benchmarks/data_scale.py` on {machine()['cpus']} CPUs"
-             + (f"; before = {args.before}" if args.before else "") + ".", "",
-             "| pairs | design | peak RSS per worker (MB) | peak USS per worker (MB) | all processes (MB) | "
-             "first step (s) | job (s) |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['rows']:,} | {r['design']} | {r['worker_rss_mb']} | {r['worker_uss_mb']} | "
-              f"{r['all_processes_mb']} | {r['first_step_s']} | {r['job_s']} |" for r in results]
-    path = write_results("data_scale", {"machine": machine(), "before": args.before, "results": results},
-                         "\n".join(lines) + "\n")
+    if args.append and (RESULTS / "data_scale.json").exists():
+        earlier = json.loads((RESULTS / "data_scale.json").read_text())
+        results = sorted([r for r in earlier["results"] if r["rows"] not in args.rows] + results,
+                         key=lambda r: r["rows"])
+        args.before = args.before or earlier.get("before")
+    path = write_results("data_scale", {"machine": machine(), "before": args.before, "workers": args.workers,
+                                        "results": results}, render(results, args.workers, args.before))
     print(path.read_text())
 
 
