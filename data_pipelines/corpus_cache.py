@@ -5,13 +5,14 @@ A cached corpus is keyed by everything that decides its rows: each file's path, 
 ``make`` decides), the corpus kind, format, split, ``max_rows``, ``shuffle_seed``, ``on_bad_record`` and this
 module's format version. It lives under ``<trainer.storage_path>/corpus_cache/<key>/`` (the storage every node of a
 cluster reaches): ``rows/`` (Parquet written from the cluster), ``quarantine.jsonl`` (the bad rows, if any) and
-``report.json``, written last, so a folder without it is an interrupted write and is written again."""
+``report.json``. Each write goes to a folder of its own, renamed into place when whole."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import shutil
+import uuid
 from pathlib import Path
 
 CACHE_VERSION = 1
@@ -45,12 +46,21 @@ def read_cached(folder: Path, quarantine_path: Path | None):
 
 
 def write_cached(folder: Path, ds, report: dict) -> None:
-    """The validated rows as Parquet (written by the cluster's tasks, nothing collected here), then the report."""
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    ds.write_parquet(str(folder / "rows"))
-    if report.get("quarantine_path"):
-        shutil.copyfile(report["quarantine_path"], folder / "quarantine.jsonl")
-    partial = folder / (REPORT + ".partial")
-    partial.write_text(json.dumps(report, indent=2))
-    partial.rename(folder / REPORT)
+    """The validated rows as Parquet (written by the cluster's tasks, nothing collected here) and the report, in a
+    folder of their own renamed into place when whole: concurrent runs over the same files (sweep trials) never
+    mix their files, and the first to finish is kept."""
+    staging = folder.with_name(f"{folder.name}.{uuid.uuid4().hex}.partial")
+    staging.mkdir(parents=True)
+    try:
+        ds.write_parquet(str(staging / "rows"))
+        if report.get("quarantine_path"):
+            shutil.copyfile(report["quarantine_path"], staging / "quarantine.jsonl")
+        (staging / REPORT).write_text(json.dumps(report, indent=2))
+        if folder.exists() and not (folder / REPORT).exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a whole entry always has its report: this one is not
+        staging.rename(folder)
+    except OSError:
+        if not (folder / REPORT).exists():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone after the rename; else another run's entry is kept

@@ -42,7 +42,9 @@ def content_ordered(ds) -> CorpusBlocks:
     import ray
 
     blocks = ds.to_arrow_refs()  # zero-copy: a materialised dataset's blocks are Arrow already
-    hashing = ray.remote(num_cpus=1)(row_keys)
+    # DEFAULT: not captured by a Tune trial's placement group (its driver bundle holds 0.1 CPU), as Ray Data's own
+    # tasks are not
+    hashing = ray.remote(num_cpus=1, scheduling_strategy="DEFAULT")(row_keys)
     keys = ray.get([hashing.remote(block) for block in blocks])
     order = np.argsort(np.concatenate(keys) if keys else np.zeros(0, np.uint64), kind="stable")
     return CorpusBlocks(blocks=tuple(blocks), order=ray.put(order), rows=len(order))

@@ -112,3 +112,19 @@ def test_a_validated_corpus_is_read_back_from_the_cache_until_its_files_change(r
     path.write_text(path.read_text().replace('"s1"', '"changed"'))
     changed, changed_report = load_corpus("pairs", path, quarantine_path=tmp_path / "q3.jsonl", **options)
     assert changed_report.cache == "written" and "changed" in {r["text1"] for r in changed.take_all()}
+
+
+def test_two_runs_caching_the_same_corpus_at_once_never_mix_their_files(ray_local, tmp_path):
+    """Concurrent sweep trials validate the same files: each writes its own folder and renames it into place, so
+    the entry holds one whole write (a shared folder once held both: 256 rows of 128)."""
+    import ray
+
+    from data_pipelines.corpus_cache import read_cached, write_cached
+
+    folder = tmp_path / "cache" / "key"
+    first, second = (ray.data.from_items([{"text": f"{tag}{i}"} for i in range(20)]) for tag in ("a", "b"))
+    write_cached(folder, first, {"rows_written": 20})
+    write_cached(folder, second, {"rows_written": 20})  # finished second: the first entry stays
+    ds, report = read_cached(folder, None)
+    assert sorted(r["text"] for r in ds.take_all()) == sorted(f"a{i}" for i in range(20))
+    assert report["rows_written"] == 20 and [p.name for p in folder.parent.iterdir()] == ["key"]
