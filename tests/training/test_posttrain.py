@@ -44,7 +44,8 @@ def _config(root, name, data, *overrides):
     return load_config(PosttrainJobConfig, ROOT / "configs" / "tiny" / "posttrain.yaml", [
         f"tracking.run_name={name}", f"trainer.storage_path={root / 'runs'}", f"output_dir={root / 'models'}",
         f"eval.data_dir={root / 'no-dev-data'}", f"data.train={data}", "tracking.experiment=raoe-test",
-        "model.dropout=0.0", "trainer.max_steps=2", "trainer.eval_every=2", "trainer.warmup_ratio=0.0", *overrides])
+        "model.dropout=0.0", "trainer.max_steps=2", "trainer.eval_every=2", "trainer.warmup_ratio=0.0", "data.cache=false",
+        *overrides])
 
 
 SIZES = ("trainer.global_batch_size=2", "trainer.length_buckets=2")

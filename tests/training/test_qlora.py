@@ -114,7 +114,8 @@ def _qlora_config(train_env, name, *overrides):
     base = {"tracking.run_name": name, "trainer.storage_path": train_env / "runs", "output_dir": train_env / "models",
             "eval.data_dir": train_env / "no-dev-data", "data.train": TINY_NLI, "tracking.experiment": "raoe-test",
             "data.max_rows": 64, "trainer.global_batch_size": 32, "trainer.max_steps": 2, "trainer.eval_every": 2,
-            "trainer.warmup_ratio": 0.0, "model.gradient_checkpointing": True, "trainer.length_buckets": 2}
+            "trainer.warmup_ratio": 0.0, "model.gradient_checkpointing": True, "trainer.length_buckets": 2,
+            "data.cache": False}
     return load_config(TrainJobConfig, ROOT / "configs" / "tiny" / "qlora.yaml",
                        [f"{k}={v}" for k, v in base.items()] + list(overrides))
 

@@ -11,7 +11,8 @@ import ray.train
 from tests.training.conftest import TINY_NLI, tiny_config
 from training.faults import KillWorkerAfterStep
 
-STEPS = ("data.max_rows=64", "trainer.global_batch_size=16", "trainer.max_steps=5", "trainer.eval_every=2")
+STEPS = ("data.max_rows=64", "trainer.global_batch_size=16", "trainer.max_steps=5", "trainer.eval_every=2",
+         "data.cache=true")  # the resubmission reads the corpus its first submission validated
 
 
 def _logged_steps(run_id: str) -> list[int]:
@@ -40,6 +41,7 @@ def test_resubmitting_a_run_name_resumes_it_from_its_last_whole_checkpoint(resub
     from mlflow import MlflowClient
 
     assert resubmitted["resumed"] is True and resubmitted["metrics"]["steps"] == 5
+    assert resubmitted["corpus_cache"] == "read"  # from the failed first submission's validation
     # one MLflow run, continued from step 2: the truncated step-4 checkpoint was passed over
     assert _logged_steps(resubmitted["run_id"]) == [1, 2, 3, 3, 4, 4, 5]
     history = MlflowClient().get_metric_history(resubmitted["run_id"], "train_loss")

@@ -100,7 +100,7 @@ def _config(root, name, *overrides):
     base = [f"tracking.run_name={name}", f"trainer.storage_path={root / 'runs'}", f"output_dir={root / 'models'}",
             f"eval.data_dir={root / 'no-dev-data'}", f"data.train={SAN}", "tracking.experiment=raoe-test",
             "model.dropout=0.0", "model.negative_dropout=0.0", "trainer.max_steps=4", "trainer.eval_every=2",
-            "trainer.warmup_ratio=0.0"]
+            "trainer.warmup_ratio=0.0", "data.cache=false"]
     return load_config(UnsupervisedJobConfig, ROOT / "configs" / "tiny" / "unsupervised.yaml", base + list(overrides))
 
 
