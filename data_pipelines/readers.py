@@ -67,13 +67,15 @@ def corpus_files(path: str | Path, kind: str, fmt: str) -> tuple[list[Path], str
     return files, detect_format(kind, files[0]) if fmt == "auto" else fmt
 
 
-def read_raw(kind: str, path: str | Path, fmt: str = "auto", split: str | None = None):
-    """Every raw record as a Ray Dataset row (fields + provenance + error); files are parsed in parallel."""
+def read_raw(kind: str, path: str | Path, fmt: str = "auto", split: str | None = None,
+             listed: tuple[list[Path], str] | None = None):
+    """Every raw record as a Ray Dataset row (fields + provenance + error); files are parsed in parallel.
+    ``listed``: ``corpus_files``' answer when the caller has it already (a folder of many files is listed once)."""
     import ray
 
     if is_hub_source(path):
         return hub_rows(kind, str(path), split), [str(path)], "hub"
-    files, fmt = corpus_files(path, kind, fmt)
+    files, fmt = listed or corpus_files(path, kind, fmt)
     if fmt in SPLITTABLE[kind]:  # one read task per span of about SPAN_BYTES, a large file read in parallel
         items = [{"path": str(f), "start": s.start, "end": s.end, "first_line": s.first_line}
                  for f in files for s in file_spans(f, SPAN_BYTES)]
@@ -102,24 +104,24 @@ def load_corpus(
 ):
     """(validated Ray Dataset of the kind's fields, DataReport). Raises BadDataError in ``fail`` mode. With
     ``cache_dir``, a corpus validated before from unchanged files is read back from Parquet (corpus_cache)."""
-    cached_folder = None
+    cached_folder = listed = None
     if cache_dir is not None and not is_hub_source(path):
-        files, resolved = corpus_files(path, kind, fmt)
+        listed = files, resolved = corpus_files(path, kind, fmt)
         cached_folder = Path(cache_dir) / corpus_key(kind, files, resolved, split=split, max_rows=max_rows,
                                                      shuffle_seed=shuffle_seed, on_bad_record=on_bad_record)
         cached = read_cached(cached_folder, quarantine_path)
         if cached is not None:
             print(f"[raoe] validated corpus from the cache {cached_folder} (files unchanged)", flush=True)
             return cached[0], DataReport(**{**cached[1], "cache": "read"})
-    good, report = _validated(kind, path, fmt, split, max_rows, shuffle_seed, on_bad_record, quarantine_path)
+    good, report = _validated(kind, path, fmt, split, max_rows, shuffle_seed, on_bad_record, quarantine_path, listed)
     if cached_folder is not None and report.rows_written:
         write_cached(cached_folder, good, {**report.as_dict(), "cache": None})
         report.cache = "written"
     return good, report
 
 
-def _validated(kind, path, fmt, split, max_rows, shuffle_seed, on_bad_record, quarantine_path):
-    raw, files, fmt = read_raw(kind, path, fmt, split)
+def _validated(kind, path, fmt, split, max_rows, shuffle_seed, on_bad_record, quarantine_path, listed):
+    raw, files, fmt = read_raw(kind, path, fmt, split, listed)
     if shuffle_seed is not None:  # corpora are often sorted (STS-B by genre): shuffle so max_rows is a fair sample
         raw = raw.random_shuffle(seed=shuffle_seed)
     if max_rows is not None:

@@ -67,6 +67,9 @@ class TrainerConfig(Section):
     cpus_per_worker: float = Field(0.5, gt=0, description="fractional on CPU so Ray Data readers never starve")
     use_gpu: bool = Field(False)
     eval_every: int = Field(50, ge=1, description="steps between STS-B dev evaluations and checkpoints")
+    ready_timeout_s: float = Field(900, gt=0, description="seconds every worker may take, after the first, to load its "
+                                   "model and map its corpus rows; a worker later than that is named in the error "
+                                   "(else the others wait out the backend's 30-minute collective timeout)")
     max_failures: int = Field(0, ge=-1, description="worker-group restarts from the last checkpoint (-1 = forever)")
     threads_per_worker: int | None = Field(None, ge=1, description="torch threads per worker; null = torch's default")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept: the best by STS-B dev Spearman (the latest "

@@ -31,6 +31,7 @@ from tracking.metrics import MetricsLog
 from training.checkpoints import report_checkpoint, resume_folder, write_failed, write_manifest
 from training.kinds import TRAINING_KINDS, BatchContext, DataKind, ModelAdditions
 from training.plan import StepPlan
+from training.readiness import Readiness
 from training.rows import CorpusRows, MicroBatchFeed
 from training.strategy import STRATEGIES
 from training.worker_config import DevSet, WorkerConfig
@@ -96,8 +97,9 @@ def train_loop_per_worker(cfg: WorkerConfig) -> None:
     seed_everything(cfg.trainer.seed)
     device = ray.train.torch.get_device() if cfg.trainer.use_gpu else torch.device("cpu")
     kind = TRAINING_KINDS[cfg.kind]
+    readiness = Readiness(rank, world, cfg.trainer.ready_timeout_s)
     rows = CorpusRows(cfg.corpus)  # before the first collective (DDP's broadcast in the strategy's set-up)
-    model, strategy, progress = _setup_model_and_strategy(cfg, kind, device, rank, world)
+    model, strategy, progress = _setup_model_and_strategy(cfg, kind, device, rank, world, readiness)
     objective = CompositeObjective(cfg.objective_weights, cfg.objective_params)
     evaluator, metrics_log = Evaluator(cfg.dev), MetricsLog(cfg.tracking if rank == 0 else None)
     if rank == 0:
@@ -116,9 +118,10 @@ def train_loop_per_worker(cfg: WorkerConfig) -> None:
         print(f"[raoe] run already complete at step {progress.resumed_at}", flush=True)
 
 
-def _setup_model_and_strategy(cfg: WorkerConfig, kind, device, rank: int, world: int):
+def _setup_model_and_strategy(cfg: WorkerConfig, kind, device, rank: int, world: int, readiness: Readiness):
     """The encoder (from the latest checkpoint, else the start model), the kind's extra trainable state, the
-    strategy wrapping both, and the progress saved with them."""
+    strategy wrapping both (its set-up is the first collective: every worker is ready before it), and the progress
+    saved with them."""
     import ray.train
 
     with resume_folder(ray.train.get_checkpoint(), rank) as resume_dir:
@@ -134,6 +137,9 @@ def _setup_model_and_strategy(cfg: WorkerConfig, kind, device, rank: int, world:
         if kind.setup_model is not None:  # e.g. RSE's relation table: trainable state beside the encoder
             additions = kind.setup_model(model, cfg.extras, model_path, cfg.trainer.seed)
         model.train()
+        took = readiness.wait("loading the model and mapping the corpus rows")
+        if rank == 0 and world > 1:
+            print(f"[raoe] every worker ready; rank 0's set-up took {took:.1f} s", flush=True)
         strategy = STRATEGIES[cfg.trainer.strategy](model, cfg.trainer, cfg.plan, world, additions)
         state = strategy.load(Path(resume_dir)) if resume_dir else {}
     step = int(state.get("step", 0))

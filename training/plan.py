@@ -6,7 +6,11 @@ workers. The rows of a micro-batch are a function of (seed, step, micro-batch, r
 seeded permutation of the corpus, step k of the epoch takes the next ``global_batch`` rows of it, each of the
 ``grad_accum`` micro-batches takes the next ``global_batch / grad_accum`` of those, and worker r its r-th slice.
 So N workers gather exactly the global micro-batches one worker trains on, and a resumed run picks up the
-same rows at any step (nothing depends on how Ray Data handed out blocks, or on what ran before)."""
+same rows at any step (nothing depends on how Ray Data handed out blocks, or on what ran before).
+
+The permutation is computed entry by entry (``permuted``: a keyed Feistel bijection), never held whole: a worker
+takes the entries of its own micro-batch, so its memory does not grow with the corpus (a whole permutation of
+100M rows is 800 MB, per worker and per pass)."""
 
 from __future__ import annotations
 
@@ -30,17 +34,57 @@ class StepPlan:
     warmup_steps: int
 
     def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
-        """The permutation of row indices for one pass over the corpus."""
-        return np.random.default_rng([seed, epoch]).permutation(self.rows)
+        """The whole permutation of row indices for one pass over the corpus (for checks: workers never build it)."""
+        return permuted(np.arange(self.rows), self.rows, seed, epoch)
 
-    def micro_rows(self, order: np.ndarray, step: int, micro: int, rank: int) -> np.ndarray:
-        """Row indices of worker ``rank``'s micro-batch ``micro`` of optimizer step ``step`` (0-based), taken
-        from ``order`` = ``epoch_order(seed, step // steps_per_epoch)``."""
+    def micro_rows(self, seed: int, step: int, micro: int, rank: int) -> np.ndarray:
+        """Row indices of worker ``rank``'s micro-batch ``micro`` of optimizer step ``step`` (0-based): its slice
+        of the pass's permutation, ``epoch_order(seed, step // steps_per_epoch)``, computed for that slice alone."""
         start = (step % self.steps_per_epoch) * self.global_batch + (micro * self.world + rank) * self.micro_batch
-        return order[start: start + self.micro_batch]
+        return permuted(np.arange(start, start + self.micro_batch), self.rows, seed, step // self.steps_per_epoch)
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+FEISTEL_ROUNDS = 6
+
+
+def permuted(positions: np.ndarray, rows: int, seed: int, epoch: int) -> np.ndarray:
+    """Entries ``positions`` of a seeded pseudo-random permutation of ``range(rows)``, one per (seed, epoch).
+
+    A balanced Feistel network over the smallest even number of bits that holds ``rows`` is a bijection of
+    ``[0, 4^h)``; walking the cycle (applying it again while a value falls outside ``[0, rows)``) makes it one of
+    ``[0, rows)`` (Black and Rogaway, "Ciphers with Arbitrary Finite Domains", 2002). The domain is under 4x
+    ``rows``, so a walk takes fewer than 4 rounds on average."""
+    positions = np.asarray(positions, dtype=np.uint64)
+    if rows <= 1:
+        return positions.astype(np.int64)
+    half = (max(1, (rows - 1).bit_length()) + 1) // 2
+    mask = np.uint64((1 << half) - 1)
+    keys = np.random.SeedSequence([seed, epoch]).generate_state(FEISTEL_ROUNDS, dtype=np.uint64)
+    out = _feistel(positions, half, mask, keys)
+    outside = out >= rows
+    while outside.any():
+        out[outside] = _feistel(out[outside], half, mask, keys)
+        outside = out >= rows
+    return out.astype(np.int64)
+
+
+def _feistel(values: np.ndarray, half: int, mask: np.uint64, keys: np.ndarray) -> np.ndarray:
+    left, right = values >> np.uint64(half), values & mask
+    for key in keys:
+        left, right = right, left ^ (_mix(right ^ key) & mask)
+    return (left << np.uint64(half)) | right
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser: every output bit depends on every input bit (uint64 arithmetic wraps)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
 def plan_steps(rows: int, *, world: int, global_batch: int, grad_accum: int = 1, epochs: float = 1.0,

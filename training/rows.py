@@ -14,7 +14,6 @@ counts the time the loop still waited for them (``data_wait_s``)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -88,19 +87,18 @@ class CorpusRows:
         self.order = ray.get(corpus.order)  # read-only, shared with the node's other workers
         if self.starts[-1] != corpus.rows or len(self.order) != corpus.rows:
             raise RuntimeError(f"the corpus blocks hold {self.starts[-1]} rows, the plan has {corpus.rows}")
-        self.columns = list(self.blocks[0].schema.names) if self.blocks else []
 
     def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
         import pyarrow as pa
         from ray.data.block import BlockAccessor
 
-        index = self.order[np.asarray(index, dtype=np.int64)]  # row numbers -> positions in the blocks
-        block_of = np.searchsorted(self.starts, index, side="right") - 1
-        order = np.argsort(block_of, kind="stable")  # grouped by block, then put back in the asked order
-        parts = [self.blocks[b].select(self.columns).take(index[order][block_of[order] == b] - self.starts[b])
-                 for b in np.unique(block_of)]
+        positions = self.order[np.asarray(index, dtype=np.int64)]  # row numbers -> positions in the blocks
+        block_of = np.searchsorted(self.starts, positions, side="right") - 1
+        grouped = np.argsort(block_of, kind="stable")  # grouped by block, then put back in the asked order
+        positions, block_of = positions[grouped], block_of[grouped]
+        parts = [self.blocks[b].take(positions[block_of == b] - self.starts[b]) for b in np.unique(block_of)]
         part = pa.concat_tables([pa.Table.from_batches([p]) for p in parts], promote_options="default")  # blocks may
-        part = part.take(np.argsort(order, kind="stable"))  # differ in schema (a column all null in one)
+        part = part.take(np.argsort(grouped, kind="stable"))  # differ in schema (a column all null in one)
         frame = BlockAccessor.for_block(part).to_pandas()
         return {column: frame[column].to_numpy() for column in frame.columns}
 
@@ -112,8 +110,6 @@ class MicroBatchFeed:
         self.rows, self.plan, self.seed, self.rank = rows, plan, seed, rank
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raoe-feed")
         self._pending: tuple[tuple[int, int], Future] | None = None
-        self._orders: dict[int, np.ndarray] = {}
-        self._lock = threading.Lock()
         self.wait_s = 0.0  # time the loop waited for rows since the last ``take_wait``
 
     def rows_for(self, step: int, micro: int) -> dict[str, np.ndarray]:
@@ -138,12 +134,4 @@ class MicroBatchFeed:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _prepare(self, step: int, micro: int) -> dict[str, np.ndarray]:
-        return self.rows.take(self.plan.micro_rows(self._order(step // self.plan.steps_per_epoch), step, micro,
-                                                   self.rank))
-
-    def _order(self, epoch: int) -> np.ndarray:
-        with self._lock:
-            if epoch not in self._orders:
-                self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1}  # the pass before at most
-                self._orders[epoch] = self.plan.epoch_order(self.seed, epoch)
-            return self._orders[epoch]
+        return self.rows.take(self.plan.micro_rows(self.seed, step, micro, self.rank))
