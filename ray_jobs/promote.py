@@ -12,32 +12,32 @@ from pydantic import Field
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from jobconfig import parse_job_args
-from jobconfig.schema import EvalConfig, Section
+from jobconfig.schema import EncoderPoolSection, EvalConfig
 from runtime.result import run_job
 
 
-class PromoteJobConfig(Section):
+class PromoteJobConfig(EncoderPoolSection):
     registered_model: str = Field("raoe-s1", description="registry name (raoe-s1, raoe-s2, ...)")
     version: int | None = Field(None, ge=1, description="candidate version; null = the latest")
     margin: float = Field(0.0, ge=0, description="the candidate's average must beat the champion's by this much")
     guard_tasks: list[str] = Field(default_factory=lambda: ["STSBenchmark"], description="tasks that must not regress")
     tolerance: float = Field(0.5, ge=0, description="largest allowed drop on a guarded task (Spearman x100)")
     eval: EvalConfig = Field(default_factory=EvalConfig)
-    actors: int = Field(1, ge=1, description="encoder actors in the Ray Data pool")
-    cpus_per_actor: float = Field(1.0, gt=0, description="CPUs each encoder actor reserves")
 
 
 def main(cfg: PromoteJobConfig) -> dict:
+    from encoders.devices import gpus_wanted_here
     from evaluation.encode import score_with_ray
     from runtime.local_ray import ray_session
     from runtime.tracking_store import tracking_uri
     from tracking.promotion import evaluation_key, promote
 
     tracking_uri()
+    gpus_wanted_here({"gpus_per_actor": cfg.gpus_per_actor})
     with ray_session():
         result = promote(
             cfg.registered_model, cfg.version,
-            lambda path: score_with_ray(path, cfg.eval, actors=cfg.actors, cpus_per_actor=cfg.cpus_per_actor),
+            lambda path: score_with_ray(path, cfg.eval, pool=cfg.encoder_pool()),
             margin=cfg.margin, guard_tasks=cfg.guard_tasks, tolerance=cfg.tolerance, eval_key=evaluation_key(cfg.eval),
         )
     verdict = "PROMOTED to champion" if result["promote"] else "kept as challenger (champion unchanged)"

@@ -108,7 +108,8 @@ def train_loop_per_worker(cfg: WorkerConfig) -> None:
                            length_buckets=cfg.trainer.length_buckets, fields=cfg.fields,
                            negative_dropout=cfg.model.negative_dropout)
     run = _Run(cfg, kind, batches, strategy, objective, evaluator, metrics_log, rank, world)
-    feed = MicroBatchFeed(rows, cfg.plan, cfg.trainer.seed, rank)
+    feed = MicroBatchFeed(rows, cfg.plan, cfg.trainer.seed, rank, prefetch=cfg.prefetch,
+                          prepare=lambda micro_rows: batches.tokenized(kind.encode_calls(batches, micro_rows)))
     try:
         _train(run, feed, progress)
     finally:
@@ -188,6 +189,7 @@ def _train(run: _Run, feed: MicroBatchFeed, progress: Progress) -> None:
                   f"lr {metrics['lr']:.2e} {metrics['pairs_per_second']:.1f} rows/s "
                   f"data wait {metrics['data_wait_s'] * 1000:.1f} ms", flush=True)
         if step % cfg.trainer.eval_every == 0 or step == plan.total_steps:
+            feed.settle()  # the tokeniser to this thread alone: evaluation and export use it
             _evaluate_and_report(run, step, {"train_loss": loss, "grad_norm": grad_norm}, progress)
         for hook in cfg.after_step:  # tests only (training.faults): production runs install none
             hook(step=step, rank=rank, world=run.world, resumed=progress.resumed_at is not None)
@@ -199,10 +201,11 @@ def _optimizer_step(run: _Run, feed: MicroBatchFeed, step: int) -> tuple[float, 
     plan, strategy = run.cfg.plan, run.strategy
     loss_sum, parts_sum = 0.0, {}
     for micro in range(plan.grad_accum):
-        batch = feed.rows_for(step, micro)
+        batch = feed.next(step, micro)
+        run.batches.tokens.use(batch.prepared)
         seed_micro_batch(run.cfg.trainer.seed, step, micro, run.rank)
         with strategy.sync_context(micro == plan.grad_accum - 1):
-            loss, parts = run.objective(run.kind.build(run.batches, batch))
+            loss, parts = run.objective(run.kind.build(run.batches, batch.rows))
             strategy.backward(loss)
         strategy.micro_step()
         loss_sum += float(loss.detach()) / plan.grad_accum

@@ -9,15 +9,15 @@ node the object store holds one copy for all its workers, read without copying, 
 own micro-batches become Python objects. So a worker's memory does not grow with the corpus, and nothing is loaded
 through a per-worker Ray Data iterator.
 
-``MicroBatchFeed`` takes the rows of the next micro-batch in a background thread while the current one trains, and
-counts the time the loop still waited for them (``data_wait_s``)."""
+``MicroBatchFeed`` takes the rows of the next micro-batch and tokenises them in a background thread while the current
+one trains, and counts the time the loop still waited for them (``data_wait_s``)."""
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -103,28 +103,43 @@ class CorpusRows:
         return {column: frame[column].to_numpy() for column in frame.columns}
 
 
-class MicroBatchFeed:
-    """This worker's micro-batch rows in training order, the next one prepared in a background thread."""
+@dataclass(frozen=True)
+class MicroBatch:
+    rows: dict[str, np.ndarray]  # the corpus rows, as Ray Data's pandas batches give them
+    prepared: Any  # what the feed's ``prepare`` made of them (the tokenised inputs of their forward passes)
 
-    def __init__(self, rows: CorpusRows, plan: StepPlan, seed: int, rank: int):
-        self.rows, self.plan, self.seed, self.rank = rows, plan, seed, rank
+
+class MicroBatchFeed:
+    """This worker's micro-batches in training order: rows taken, then ``prepare``d (tokenised), the next one in a
+    background thread while the current one trains (``prefetch``; else in the step). ``wait_s`` counts the time the
+    loop still waited."""
+
+    def __init__(self, rows: CorpusRows, plan: StepPlan, seed: int, rank: int,
+                 prepare: Callable[[dict[str, np.ndarray]], Any] = lambda rows: None, prefetch: bool = True):
+        self.rows, self.plan, self.seed, self.rank, self.prepare = rows, plan, seed, rank, prepare
+        self.prefetch = prefetch
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raoe-feed")
         self._pending: tuple[tuple[int, int], Future] | None = None
         self.wait_s = 0.0  # time the loop waited for rows since the last ``take_wait``
 
-    def rows_for(self, step: int, micro: int) -> dict[str, np.ndarray]:
-        """Rows of micro-batch ``micro`` of optimizer step ``step`` (0-based); starts preparing the next one."""
+    def next(self, step: int, micro: int) -> MicroBatch:
+        """Micro-batch ``micro`` of optimizer step ``step`` (0-based); starts preparing the one after."""
         started = time.perf_counter()
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == (step, micro):
             batch = pending[1].result()
         else:
-            batch = self._prepare(step, micro)
+            batch = self._micro_batch(step, micro)
         self.wait_s += time.perf_counter() - started
         following = (step, micro + 1) if micro + 1 < self.plan.grad_accum else (step + 1, 0)
-        if following[0] < self.plan.total_steps:
-            self._pending = (following, self._pool.submit(self._prepare, *following))
+        if self.prefetch and following[0] < self.plan.total_steps:
+            self._pending = (following, self._pool.submit(self._micro_batch, *following))
         return batch
+
+    def settle(self) -> None:
+        """Wait for the micro-batch being prepared (before the loop tokenises on its own: evaluation, export)."""
+        if self._pending is not None:
+            self._pending[1].exception()
 
     def take_wait(self) -> float:
         waited, self.wait_s = self.wait_s, 0.0
@@ -133,5 +148,6 @@ class MicroBatchFeed:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _prepare(self, step: int, micro: int) -> dict[str, np.ndarray]:
-        return self.rows.take(self.plan.micro_rows(self.seed, step, micro, self.rank))
+    def _micro_batch(self, step: int, micro: int) -> MicroBatch:
+        rows = self.rows.take(self.plan.micro_rows(self.seed, step, micro, self.rank))
+        return MicroBatch(rows, self.prepare(rows))

@@ -229,6 +229,7 @@ def _worker_config(cfg: TrainJobConfig, pre: Preflight, plan, corpus: CorpusBloc
     return WorkerConfig(
         model=cfg.model, trainer=cfg.trainer, start_model=pre.start_model,
         objective_weights=cfg.objective.weights, objective_params=pre.params, plan=plan, corpus=corpus,
+        prefetch=cfg.data.prefetch if cfg.data.prefetch is not None else cfg.trainer.use_gpu,
         kind=pre.kind.name,
         fields=tuple(sorted(pre.needed & set(FIELD_COLUMNS))),
         dev=DevSet(pairs=ray.put(pre.dev_pairs) if pre.dev_pairs is not None else None,

@@ -31,6 +31,7 @@ class WorkerConfig:
     objective_params: dict[str, dict[str, Any]]
     plan: StepPlan
     corpus: CorpusBlocks  # the content-ordered training rows in Ray's object store (training.rows)
+    prefetch: bool  # data.prefetch: the next micro-batch taken and tokenised in a background thread
     kind: str  # training.kinds.TRAINING_KINDS
     fields: tuple[str, ...]  # corpus columns gathered for the objective (scores, labels): the same on every worker
     dev: DevSet

@@ -58,11 +58,14 @@ def test_batched_guided_decoding_equals_the_two_pass_reference_one_prompt_at_a_t
         assert batched != directed_greedy(model, tokenizer, PROMPTS, None, lam=0, max_new_tokens=6)
 
 
-def test_kmeans_seeds_are_diverse_and_deterministic():
+@pytest.mark.parametrize("exact_work", [5_000_000, 0])  # scipy's exact k-means; mini-batch k-means (at scale)
+def test_kmeans_seeds_are_diverse_and_deterministic(monkeypatch, exact_work):
     import numpy as np
 
+    import data_pipelines.ranked as ranked
     from data_pipelines.ranked import kmeans_seeds
 
+    monkeypatch.setattr(ranked, "EXACT_KMEANS_WORK", exact_work)
     rng = np.random.default_rng(0)
     centers = rng.normal(size=(4, 8)) * 10
     points = np.concatenate([c + rng.normal(size=(25, 8)) for c in centers])  # 4 clear clusters of 25

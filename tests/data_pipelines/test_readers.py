@@ -108,7 +108,8 @@ def test_a_validated_corpus_is_read_back_from_the_cache_until_its_files_change(r
     assert counts(again_report) == counts(first_report) == (40, 37, 3)
     assert again_report.quarantine_path == str((tmp_path / "q2.jsonl").resolve())
     assert [json.loads(x)["line"] for x in open(again_report.quarantine_path)] == [6, 18, 31]
-    assert load_corpus("pairs", path, max_rows=10, **options)[1].cache == "written"  # another key: its own entry
+    other_key = load_corpus("pairs", path, max_rows=10, quarantine_path=tmp_path / "q4.jsonl", **options)[1]
+    assert other_key.cache == "written"  # another key: its own entry
     path.write_text(path.read_text().replace('"s1"', '"changed"'))
     changed, changed_report = load_corpus("pairs", path, quarantine_path=tmp_path / "q3.jsonl", **options)
     assert changed_report.cache == "written" and "changed" in {r["text1"] for r in changed.take_all()}

@@ -180,7 +180,8 @@ def test_job_keeps_every_valid_anchor(ray_local, tmp_path, monkeypatch):
     assert all(r["negative_reason"] in GUARD_REASONS for r in guarded_rows)
     assert {r["text"]: r["negative_reason"] for r in guarded_rows}["Too short."] == "too_short"
     guarded = [json.loads(x) for x in open(result["guarded_path"])]
-    assert [(g["text"], g["reason"]) for g in guarded] == [(r["text"], r["negative_reason"]) for r in guarded_rows]
+    assert sorted((g["text"], g["reason"]) for g in guarded) == sorted((r["text"], r["negative_reason"])
+                                                                         for r in guarded_rows)
     assert set(result["changed_share_by_pos"]) >= {"NOUN", "DET"} and Path(result["plot"]).exists()
     assert all(e["negative"] for e in result["examples"])
 
@@ -188,15 +189,19 @@ def test_job_keeps_every_valid_anchor(ray_local, tmp_path, monkeypatch):
 @pytest.mark.parametrize("output_format", ["parquet", "jsonl"])
 def test_guarded_rows_read_back_as_sentences_without_a_negative(ray_local, tmp_path, output_format):
     import pandas as pd
+    import ray
 
     from data_pipelines.readers import load_corpus
+    from data_pipelines.san import corpus_table
 
     job = _generate_san_job()
     frame = pd.DataFrame({"text": ["A man sits on a bench.", "Too short.", "A dog runs in the park."],
                           "negative": [None, None, "A cat sleeps in the house."],
                           "guard": ["unchanged", "too_short", None], "overlap": [float("nan")] * 2 + [0.5],
                           "changes": ["{}"] * 3})
-    job.write_corpus(job.with_reasons(frame), tmp_path / "data", output_format)
+    shards = ray.data.from_pandas([frame[:2], frame[2:]]).map_batches(corpus_table, batch_format="pandas")
+    job.write_corpus(shards, tmp_path / "data", output_format)  # the first shard's negatives all null
+    assert len(list((tmp_path / "data").iterdir())) == 2
     ds, report = load_corpus("sentences", tmp_path / "data")
     assert report.rows_written == 3 and report.rows_quarantined == 0
     rows = {r["text"]: r["negative"] for r in ds.take_all()}

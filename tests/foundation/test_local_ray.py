@@ -27,9 +27,10 @@ def test_local_ray_binds_to_loopback_and_stops():
     if ray.is_initialized():  # another test module's Ray: this test needs one it starts itself
         ray.shutdown()
     me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}  # e.g. multiprocessing's resource tracker of another test
     with ray_session(num_cpus=1):
         assert ray.get(ray.remote(lambda: 41 + 1).remote()) == 42
-        started = me.children(recursive=True)
+        started = [p for p in me.children(recursive=True) if p.pid not in before]
         addresses = listening_addresses(started)
         assert addresses, "Ray should have started listening processes"
         loopback = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}

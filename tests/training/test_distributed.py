@@ -1,7 +1,8 @@
 """The global-batch contract end to end: 1 worker, 2 DDP workers, and 2 DeepSpeed workers under ZeRO-2 and ZeRO-3
 train on the same rows at every step (dropout 0) and so log the same loss and the same global gradient norm
 (before clipping) at every step. The gradient norm is what a x N error in the gradient would show; weights after
-a clipped AdamW step would not. bf16 means autocast with fp32 weights under both strategies."""
+a clipped AdamW step would not. The ZeRO-3 run tokenises ahead in the input prefetch thread, the others in the step.
+bf16 means autocast with fp32 weights under both strategies."""
 
 import json
 
@@ -19,7 +20,9 @@ RUNS = {
     "1 worker": (),
     "2 workers ddp": ("trainer.num_workers=2",),
     "2 workers zero-2": ("trainer.num_workers=2", "trainer.strategy=deepspeed", "trainer.zero_stage=2"),
-    "2 workers zero-3": ("trainer.num_workers=2", "trainer.strategy=deepspeed", "trainer.zero_stage=3"),
+    # with the input prefetch on (the default with GPUs): the next micro-batch taken and tokenised in a thread
+    "2 workers zero-3": ("trainer.num_workers=2", "trainer.strategy=deepspeed", "trainer.zero_stage=3",
+                         "data.prefetch=true"),
 }
 BF16 = {
     "1 worker bf16": ("trainer.bf16=true", "trainer.max_steps=1", "trainer.eval_every=1"),

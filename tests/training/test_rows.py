@@ -1,6 +1,8 @@
 """The corpus as workers see it: content-ordered Arrow blocks in Ray's object store, rows taken by index, the next
 micro-batch prepared in the background."""
 
+import threading
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -43,13 +45,19 @@ def test_the_row_order_is_a_function_of_content_not_of_reading_order(ray_here):
 def test_the_feed_gives_each_micro_batch_its_plan_rows_in_training_order(ray_here):
     rows = CorpusRows(_corpus(ROWS, 3))
     plan = plan_steps(len(ROWS), world=2, global_batch=8, grad_accum=2, epochs=3)  # 6 steps an epoch, 3 epochs
-    for rank, start in [(0, 0), (1, 0), (1, 7)]:  # a resumed worker starts mid-run, nothing prefetched
-        feed = MicroBatchFeed(rows, plan, seed=5, rank=rank)
+    def prepare(micro_rows):  # what the loop does here: tokenise; which thread did it?
+        return threading.current_thread().name, micro_rows["text"].tolist()
+
+    for rank, start, prefetch in [(0, 0, True), (1, 0, True), (1, 7, True), (1, 0, False)]:  # a resumed worker
+        feed = MicroBatchFeed(rows, plan, seed=5, rank=rank, prepare=prepare, prefetch=prefetch)  # starts mid-run
         try:
             for step in range(start, plan.total_steps):
                 for micro in range(plan.grad_accum):
                     want = rows.take(plan.micro_rows(5, step, micro, rank))["text"].tolist()
-                    assert feed.rows_for(step, micro)["text"].tolist() == want, (rank, step, micro)
+                    batch = feed.next(step, micro)
+                    assert batch.rows["text"].tolist() == batch.prepared[1] == want, (rank, step, micro)
+                    first = (step, micro) == (start, 0)  # nothing prefetched yet
+                    assert batch.prepared[0].startswith("raoe-feed") == (prefetch and not first), batch.prepared[0]
         finally:
             feed.close()
         assert feed.take_wait() > 0 and feed.take_wait() == 0.0

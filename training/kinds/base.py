@@ -14,7 +14,7 @@ from typing import Callable, ContextManager
 import numpy as np
 import torch
 
-from encoders.backbone import dropout_settings, dropout_settings_applied, forward_in_length_buckets, text_ids
+from encoders.backbone import TokenCache, dropout_settings, dropout_settings_applied, forward_in_length_buckets, text_ids
 from objectives.composite import EmbeddingBatch
 from objectives.gather import gather_no_grad
 
@@ -33,6 +33,7 @@ class BatchContext:
     length_buckets: int = 1  # trainer.length_buckets
     fields: tuple[str, ...] = ()  # corpus columns the objective reads (FIELD_COLUMNS keys): gathered if listed
     negative_dropout: float | None = None  # model.negative_dropout: SAN's p2 for the aligned negatives
+    tokens: TokenCache = field(default_factory=TokenCache)  # the micro-batch's inputs, tokenised ahead
 
     def encode(self, texts: list[str], buckets: int | None = None) -> torch.Tensor:
         """Embeddings with gradient, in ``buckets`` (default ``length_buckets``) length-grouped forward passes.
@@ -41,7 +42,12 @@ class BatchContext:
         count every worker holds."""
         with self.autocast() if self.autocast else contextlib.nullcontext():
             return forward_in_length_buckets(self.module, self.model, texts, self.device,
-                                             self.length_buckets if buckets is None else buckets).float()
+                                             self.length_buckets if buckets is None else buckets, self.tokens).float()
+
+    def tokenized(self, calls: list[tuple[list[str], int | None]]) -> dict:
+        """The tokenised inputs of ``encode`` calls (texts, buckets or None), prepared off the training thread."""
+        return self.tokens.prepare(self.model, [(texts, self.length_buckets if buckets is None else buckets)
+                                                for texts, buckets in calls], pin=self.device.type == "cuda")
 
     def gather_fields(self, rows: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """The listed ``fields``: scores (None -> NaN, which the objective refuses by name) and labels (None -> -1,
@@ -80,6 +86,9 @@ class DataKind:
     corpus: str  # the reader's corpus kind (data_pipelines.formats.CORPUS_KINDS)
     provides: tuple[str, ...]  # EmbeddingBatch fields this data can fill
     build: Callable[[BatchContext, dict[str, np.ndarray]], EmbeddingBatch]
+    # The (texts, buckets or None) of every ``ctx.encode`` call ``build`` makes on these rows, in order: tokenised
+    # ahead by the feed. A builder and its encode_calls read their texts through the same function.
+    encode_calls: Callable[[BatchContext, dict[str, np.ndarray]], list[tuple[list[str], int | None]]]
     unit: str = "pairs"  # what one row is, for progress lines
     corpus_to_rows: Callable[..., object] | None = None  # (validated corpus, job config, start model) -> rows
     # (job config, quarantine path) -> (Ray Dataset of training rows, DataReport, extras for workers and ``finish``)

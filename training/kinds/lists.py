@@ -70,13 +70,23 @@ def lists_with_teacher(ds, cfg, start_model: str):
                           num_cpus=cfg.posttrain.teacher_cpus, batch_format="numpy")
 
 
+def _list_texts(ctx: BatchContext, rows: dict[str, np.ndarray]) -> tuple[list[list[str]], int]:
+    """The lists' sentences and the forward passes they take. Every worker holds len(lists) lists (the micro-batch)
+    of 2 sentences or more, whatever their lengths: bucket by that floor, not by this worker's own sentence count,
+    so all run the same number of forward passes."""
+    lists = [[str(s) for s in sentences] for sentences in rows["sentences"]]
+    return lists, ctx.length_buckets if len(lists) >= ctx.length_buckets else 1
+
+
+def lists_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[tuple[list[str], int | None]]:
+    lists, buckets = _list_texts(ctx, rows)
+    return [([s for sentences in lists for s in sentences], buckets)]
+
+
 def lists_batch(ctx: BatchContext, rows: dict[str, np.ndarray]) -> EmbeddingBatch:
     """Ranked lists: every sentence of the worker's lists through the encoder, gathered with gradient along with
     the list lengths and teacher matrices, then padded into [lists, longest, d] the same way on every worker."""
-    lists = [[str(s) for s in sentences] for sentences in rows["sentences"]]
-    # Every worker holds len(lists) lists (the micro-batch) of 2 sentences or more, whatever their lengths: bucket
-    # by that floor, not by this worker's own sentence count, so all run the same number of forward passes.
-    buckets = ctx.length_buckets if len(lists) >= ctx.length_buckets else 1
+    lists, buckets = _list_texts(ctx, rows)
     local = ctx.encode([s for sentences in lists for s in sentences], buckets)
     device = ctx.device
     lengths = gather_no_grad(torch.tensor([len(x) for x in lists], device=device)).tolist()

@@ -13,11 +13,20 @@ from objectives.gather import gather_no_grad, gather_with_grad
 from training.kinds.base import BatchContext, dropout_rate
 
 
+def _pair_texts(rows: dict[str, np.ndarray]) -> tuple[list[str], list[str], list[str]]:
+    text1, text2 = [str(t) for t in rows["text1"]], [str(t) for t in rows["text2"]]
+    return text1, text2, [str(t) for t in rows["text_neg"]] if "text_neg" in rows else []
+
+
+def text_pairs_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[tuple[list[str], int | None]]:
+    text1, text2, negatives = _pair_texts(rows)
+    return [(text1 + text2 + negatives, None)]
+
+
 def text_pairs_batch(ctx: BatchContext, rows: dict[str, np.ndarray]) -> EmbeddingBatch:
     """Pairs and SimCSE triplets: both texts (and the hard negative) through the encoder together, in length-grouped
     passes; embeddings gathered with gradient."""
-    text1, text2 = [str(t) for t in rows["text1"]], [str(t) for t in rows["text2"]]
-    negatives = [str(t) for t in rows["text_neg"]] if "text_neg" in rows else []
+    text1, text2, negatives = _pair_texts(rows)
     every = ctx.encode(text1 + text2 + negatives)
     n = len(text1)
     return EmbeddingBatch(
@@ -27,17 +36,30 @@ def text_pairs_batch(ctx: BatchContext, rows: dict[str, np.ndarray]) -> Embeddin
     )
 
 
+def _sentence_texts(rows: dict[str, np.ndarray]) -> tuple[list[str], list[str] | None, list[bool] | None]:
+    """The sentences, and with a ``negative`` column (SAN) their negatives and which are real: an anchor the SAN
+    guard left without a negative encodes itself there, masked out (every worker runs the negatives' pass)."""
+    texts = [str(t) for t in rows["text"]]
+    if "negative" not in rows:
+        return texts, None, None
+    present = [isinstance(t, str) and bool(t) for t in rows["negative"]]
+    return texts, [str(t) if real else anchor for t, real, anchor in zip(rows["negative"], present, texts)], present
+
+
+def sentences_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[tuple[list[str], int | None]]:
+    texts, negatives, _ = _sentence_texts(rows)
+    return [(texts + texts, None)] + ([(negatives, None)] if negatives is not None else [])
+
+
 def sentences_batch(ctx: BatchContext, rows: dict[str, np.ndarray]) -> EmbeddingBatch:
     """Unsupervised SimCSE: each sentence twice through the encoder in one pass, so dropout (``model.dropout``)
     makes the two views its anchor and positive. With a ``negative`` column (SAN), the aligned negatives go through
     a pass of their own at dropout ``negative_dropout`` (the paper's p2)."""
-    texts = [str(t) for t in rows["text"]]
+    texts, negatives, present = _sentence_texts(rows)
     views = ctx.encode(texts + texts)
     n = len(texts)
     negative = mask = None
-    if "negative" in rows:  # an anchor the SAN guard left without a negative encodes itself there, masked out:
-        present = [isinstance(t, str) and bool(t) for t in rows["negative"]]  # every worker runs this pass
-        negatives = [str(t) if real else anchor for t, real, anchor in zip(rows["negative"], present, texts)]
+    if negatives is not None:
         with dropout_rate(ctx.model, ctx.negative_dropout):
             negative = gather_with_grad(ctx.encode(negatives))
         mask = gather_no_grad(torch.tensor(present, dtype=torch.bool, device=ctx.device))

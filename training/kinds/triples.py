@@ -60,12 +60,20 @@ def relation_report(cfg, model_dir, extras: dict, out_dir) -> dict:
     return out
 
 
+def _triple_texts(rows: dict[str, np.ndarray]) -> tuple[list[str], list[str], list[str]]:
+    return [str(t) for t in rows["head"]], [str(t) for t in rows["tail"]], [str(t) for t in rows["negative"]]
+
+
+def triples_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[tuple[list[str], int | None]]:
+    head, tail, negative = _triple_texts(rows)
+    return [(head + tail + negative, None)]
+
+
 def triples_batch(ctx: BatchContext, rows: dict[str, np.ndarray]) -> EmbeddingBatch:
     """Relation triples: heads, tails and hard negatives through the encoder together (a same-sent triple's head
     and tail are two dropout views), gathered with gradient; relation ids and text ids gathered; the relation
     table is the model's own parameter, the same full tensor on every worker."""
-    head, tail = [str(t) for t in rows["head"]], [str(t) for t in rows["tail"]]
-    negative = [str(t) for t in rows["negative"]]
+    head, tail, negative = _triple_texts(rows)
     every = ctx.encode(head + tail + negative)
     n = len(head)
     relation_ids = torch.as_tensor(np.asarray(rows["relation_id"], dtype=np.int64), device=ctx.device)
