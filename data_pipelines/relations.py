@@ -11,15 +11,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from data_pipelines.hub import is_hub_source
-from data_pipelines.readers import DataReport, corpus_files, load_corpus
+from data_pipelines.readers import DataReport, corpus_files, count_where, load_corpus
 from data_pipelines.triplets import nli_triplets
 from jobconfig.schema import TripleSource
 
 TRIPLE_COLUMNS = ["head", "tail", "relation", "negative"]
+TRIPLE_SCHEMA = pa.schema([(c, pa.string()) for c in TRIPLE_COLUMNS])
 CORPUS = {"triples": "triples", "nli": "pairs", "same-sent": "sentences"}  # reader kind of each mapping
 DEFAULT_RELATION = {"nli": "entailment", "same-sent": "same-sent"}
 
@@ -28,7 +32,7 @@ DEFAULT_RELATION = {"nli": "entailment", "same-sent": "same-sent"}
 class TripleData:
     """The prepared triples: training rows (with ``relation_id``), held-out rows, and the relation set."""
 
-    train: "pd.DataFrame"  # noqa: F821
+    train: Any  # pandas.DataFrame (prepare_triples) or a Ray Dataset in the object store (prepare_triples_ds)
     heldout: "pd.DataFrame"  # noqa: F821
     relations: list[str]
     counts: dict[str, int] = field(default_factory=dict)  # training triples per relation (after caps, weights)
@@ -52,43 +56,42 @@ def sources(data_cfg) -> list:
 
 
 def _as_triples(ds, source):
-    """A validated corpus of the source's reader kind -> a pandas frame of triples."""
-    import pandas as pd
-
-    if source.mapping == "triples":
-        frame = ds.to_pandas()
-        if source.relation:
-            frame["relation"] = source.relation
-        missing = int(frame["relation"].isna().sum())
+    """A validated corpus of the source's reader kind -> a Ray Dataset of triples (TRIPLE_COLUMNS, one schema)."""
+    relation = source.relation or DEFAULT_RELATION.get(source.mapping)
+    if source.mapping == "triples" and not source.relation:
+        missing = count_where(ds, lambda table: pc.is_null(table["relation"]))
         if missing:
             raise ValueError(f"{missing} triples of {source.train} have no 'relation'; give every row one, or name "
                              f"the relation of the whole source with its 'relation' key")
-        return frame[TRIPLE_COLUMNS]
-    relation = source.relation or DEFAULT_RELATION[source.mapping]
     if source.mapping == "nli":
-        frame = nli_triplets(ds).to_pandas()
-        return pd.DataFrame({"head": frame["text1"], "tail": frame["text2"], "relation": relation,
-                             "negative": frame["text_neg"]})
-    frame = ds.to_pandas()
-    return pd.DataFrame({"head": frame["text"], "tail": frame["text"], "relation": relation, "negative": None})
+        ds = nli_triplets(ds)
+    columns = {"triples": ("head", "tail", "negative"), "nli": ("text1", "text2", "text_neg"),
+               "same-sent": ("text", "text", None)}[source.mapping]
+
+    def to_triples(table):
+        rows = table.num_rows
+        head, tail, negative = (table[c] if c in table.column_names else pa.nulls(rows) for c in columns)
+        named = table["relation"] if relation is None else pa.array([relation] * rows)
+        return pa.Table.from_arrays([head.cast(pa.string()), tail.cast(pa.string()), named.cast(pa.string()),
+                                     negative.cast(pa.string())], schema=TRIPLE_SCHEMA)
+
+    return ds.map_batches(to_triples, batch_format="pyarrow")
 
 
 def load_triples(data_cfg, quarantine_path: str | Path):
-    """Every source read and validated (bad rows named or quarantined into one file), as one frame of triples,
-    with the readers' combined DataReport."""
-    import pandas as pd
-
+    """Every source read and validated (bad rows named or quarantined into one file), as one Ray Dataset of triples
+    (materialised in the object store), with the readers' combined DataReport."""
     quarantine_path = Path(quarantine_path)
-    frames, report, quarantined = [], DataReport(format="+".join(s.format for s in sources(data_cfg))), []
+    parts, report, quarantined = [], DataReport(format="+".join(s.format for s in sources(data_cfg))), []
     for i, source in enumerate(sources(data_cfg)):
         part = quarantine_path.with_name(f"{quarantine_path.stem}-{i}.jsonl")
         ds, got = load_corpus(CORPUS[source.mapping], source.train, fmt=source.format, split=source.split,
                               max_rows=source.max_rows, shuffle_seed=source.shuffle_seed,
                               on_bad_record=data_cfg.on_bad_record, quarantine_path=part)
-        frame = _as_triples(ds, source)
-        print(f"[raoe] {source.train} ({source.mapping}): {len(frame)} triples from {got.rows_written} records",
+        triples = _as_triples(ds, source).materialize()
+        print(f"[raoe] {source.train} ({source.mapping}): {triples.count()} triples from {got.rows_written} records",
               flush=True)
-        frames.append(frame)
+        parts.append(triples)
         report.rows_in += got.rows_in
         report.rows_written += got.rows_written
         report.rows_quarantined += got.rows_quarantined
@@ -102,20 +105,18 @@ def load_triples(data_cfg, quarantine_path: str | Path):
                 out.write(part.read_text(encoding="utf-8"))
                 part.unlink()
         report.quarantine_path = str(quarantine_path.resolve())
-    return pd.concat(frames, ignore_index=True), report
+    return parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0], report
 
 
-def prepare_triples(frame, data_cfg, seed: int) -> TripleData:
-    """Relation set, held-out slice, caps, sampling weights and hard negatives, all seeded."""
-    import pandas as pd
-
-    rng = np.random.default_rng(seed)
-    present = sorted(frame["relation"].unique())
+def relation_set(counts: dict[str, int], data_cfg) -> list[str]:
+    """The relation table's names (data.relations, else the relations present, sorted), checked against the
+    relations present (name -> triples) and the names data.caps and data.weights use."""
+    present = sorted(counts)
     if data_cfg.relations is not None:
         unknown = sorted(set(present) - set(data_cfg.relations))
         if unknown:
-            counts = {r: int((frame["relation"] == r).sum()) for r in unknown}
-            raise ValueError(f"relation(s) {counts} (name: triples) are not in data.relations {data_cfg.relations}")
+            raise ValueError(f"relation(s) {({r: counts[r] for r in unknown})} (name: triples) are not in "
+                             f"data.relations {data_cfg.relations}")
         names = list(data_cfg.relations)
     else:
         names = present
@@ -123,29 +124,67 @@ def prepare_triples(frame, data_cfg, seed: int) -> TripleData:
         unknown = sorted(set(table) - set(names))
         if unknown:
             raise ValueError(f"{key} names relation(s) {unknown} that are not in the relation set {names}")
-    train_parts, heldout_parts, counts = [], [], {}
-    for name in names:
-        rows = frame[frame["relation"] == name].reset_index(drop=True)
-        rows = rows.iloc[rng.permutation(len(rows))].reset_index(drop=True)
-        held = min(data_cfg.heldout, len(rows) // 2)
-        heldout_parts.append(rows.iloc[:held])
-        rows = rows.iloc[held:]
-        cap = data_cfg.caps.get(name)
-        if cap is not None and len(rows) > cap:
-            rows = rows.iloc[:cap]
-        weight = data_cfg.weights.get(name, 1.0)
-        whole, share = math.floor(weight), weight - math.floor(weight)
-        extra = rows.iloc[np.sort(rng.choice(len(rows), size=round(share * len(rows)), replace=False))]
-        rows = pd.concat([rows] * whole + [extra], ignore_index=True)
-        rows = _with_negatives(rows, rng)
-        counts[name] = len(rows)
-        train_parts.append(rows)
-    train = pd.concat(train_parts, ignore_index=True)
+    return names
+
+
+def prepare_relation(rows, names: list[str], data_cfg, seed: int):
+    """One relation's triples (a pandas frame, all of one relation): sorted (so the result does not depend on the
+    order rows arrived in), then seeded by (seed, the relation's place in the table): a held-out slice
+    (``split`` heldout), the cap, the sampling weight and a hard negative for every triple without one; with
+    ``relation_id``."""
+    import pandas as pd
+
+    name = rows["relation"].iloc[0]
+    index = names.index(name)
+    rng = np.random.default_rng([seed, index])
+    rows = rows[TRIPLE_COLUMNS].sort_values(["head", "tail", "negative"], na_position="first").reset_index(drop=True)
+    rows = rows.iloc[rng.permutation(len(rows))].reset_index(drop=True)
+    held = min(data_cfg.heldout, len(rows) // 2)
+    heldout, rows = rows.iloc[:held].assign(split="heldout"), rows.iloc[held:]
+    cap = data_cfg.caps.get(name)
+    if cap is not None and len(rows) > cap:
+        rows = rows.iloc[:cap]
+    weight = data_cfg.weights.get(name, 1.0)
+    whole, share = math.floor(weight), weight - math.floor(weight)
+    extra = rows.iloc[np.sort(rng.choice(len(rows), size=round(share * len(rows)), replace=False))]
+    rows = _with_negatives(pd.concat([rows] * whole + [extra], ignore_index=True), rng).assign(split="train")
+    return pd.concat([rows, heldout], ignore_index=True).assign(relation_id=np.int64(index))
+
+
+def prepare_triples(frame, data_cfg, seed: int) -> TripleData:
+    """``prepare_triples_ds`` on a pandas frame, in this process (small data, tests)."""
+    import pandas as pd
+
+    names = relation_set(frame["relation"].value_counts().to_dict(), data_cfg)
+    parts = [prepare_relation(group, names, data_cfg, seed) for _, group in frame.groupby("relation")]
+    both = pd.concat(parts, ignore_index=True).sort_values("relation_id", kind="stable").reset_index(drop=True)
+    train, heldout = both[both["split"] == "train"], both[both["split"] == "heldout"]
     if train.empty:
         raise ValueError("no training triples left after data.heldout, data.caps and data.weights")
-    train["relation_id"] = train["relation"].map({n: i for i, n in enumerate(names)}).astype(np.int64)
-    heldout = pd.concat(heldout_parts, ignore_index=True)
-    return TripleData(train=train, heldout=heldout, relations=names, counts=counts)
+    counts = {n: int((train["relation"] == n).sum()) for n in names}
+    return TripleData(train=train.drop(columns="split").reset_index(drop=True),
+                      heldout=heldout.drop(columns="split").reset_index(drop=True), relations=names, counts=counts)
+
+
+def prepare_triples_ds(ds, data_cfg, seed: int) -> TripleData:
+    """Relation set, held-out slice, caps, sampling weights and hard negatives, all seeded, one relation per Ray
+    task (``prepare_relation``): the training triples stay a Ray Dataset in the object store; only the counts and
+    the held-out triples (data.heldout per relation) reach the driver."""
+    import pandas as pd
+
+    present = {row["relation"]: int(row["count()"]) for row in ds.groupby("relation").count().take_all()}
+    names = relation_set(present, data_cfg)
+    both = ds.groupby("relation").map_groups(lambda rows: prepare_relation(rows, names, data_cfg, seed),
+                                             batch_format="pandas").materialize()
+    train = both.filter(lambda row: row["split"] == "train").drop_columns(["split"]).materialize()
+    counts = {n: 0 for n in names} | {row["relation"]: int(row["count()"])
+                                      for row in train.groupby("relation").count().take_all()}
+    if not sum(counts.values()):
+        raise ValueError("no training triples left after data.heldout, data.caps and data.weights")
+    heldout = pd.DataFrame(both.filter(lambda row: row["split"] == "heldout").drop_columns(["split"]).take_all(),
+                           columns=[*TRIPLE_COLUMNS, "relation_id"])
+    return TripleData(train=train, heldout=heldout.sort_values(["relation_id", "head", "tail"], ignore_index=True),
+                      relations=names, counts=counts)
 
 
 def _with_negatives(rows, rng):

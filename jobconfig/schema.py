@@ -212,6 +212,7 @@ class PosttrainSection(Section):
                                 "the start model, frozen, encoding as training does (model.pooling, prompt, "
                                 "padding_side, max_length)")
     teacher_cpus: float = Field(0.5, gt=0, description="CPUs of the teacher-scoring actor before training")
+    teacher_gpus: float = Field(0.0, ge=0, description="GPUs of the teacher-scoring actor (> 0: the teacher on it)")
     teacher_trust_remote_code: bool | None = Field(None, description="trust_remote_code for the "
                                                    "teacher; null = as model.trust_remote_code")
 

@@ -43,13 +43,14 @@ class AnnotateJobConfig(Section):
 
 
 def main(cfg: AnnotateJobConfig) -> dict:
+    import json
     import shutil
     import time
     from pathlib import Path
 
     import mlflow
 
-    from data_pipelines.annotate import plot_distribution, summarise
+    from data_pipelines.annotate import merge_counts, plot_distribution, score_counts, summarise
     from data_pipelines.readers import load_corpus
     from data_pipelines.teachers import add_teacher_scores
     from encoders.devices import gpus_wanted_here
@@ -80,22 +81,28 @@ def main(cfg: AnnotateJobConfig) -> dict:
             scored.write_parquet(str(out / "data"))
         else:
             scored.write_json(str(out / "data"))
-        frame = scored.select_columns(["label", "similarity", *[f"s_{t.name}" for t in cfg.teachers]]).to_pandas()
+        names = [t.name for t in cfg.teachers]
+        # Statistics from counts each block adds up (batches stream through the driver, none is kept)
+        counts_by_block = scored.select_columns(["label", "similarity", *[f"s_{n}" for n in names]]).map_batches(
+            lambda frame: {"counts": [json.dumps(score_counts(frame, names))]}, batch_format="pandas",
+            batch_size=None, num_cpus=0.1)
+        score_totals = merge_counts(json.loads(row["counts"]) for row in counts_by_block.iter_rows())
     seconds = time.time() - started
-    stats = summarise(frame, [t.name for t in cfg.teachers])
-    plot = plot_distribution(frame, out / "s_distribution.png")
+    stats = summarise(score_totals, names)
+    plot = plot_distribution(score_totals, out / "s_distribution.png")
+    scored_pairs = stats["S"]["count"]
     counts = {k: sum(getattr(r, k) for r in reports) for k in ("rows_in", "rows_written", "rows_quarantined",
                                                                  "rows_without_gold")}
     quarantine = [r.quarantine_path for r in reports if r.quarantine_path]
     with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
         mlflow.log_params({"data.train": cfg.data.train, "teachers": ",".join(t.source for t in cfg.teachers)})
-        mlflow.log_metrics({**{k: float(v) for k, v in counts.items()}, "pairs_per_second": len(frame) / seconds})
+        mlflow.log_metrics({**{k: float(v) for k, v in counts.items()}, "pairs_per_second": scored_pairs / seconds})
         mlflow.log_dict(stats, "s_statistics.json")
         mlflow.log_artifact(str(plot))
     return {
         "output_path": str(out / "data"), "output_format": cfg.output_format, **counts,
         "quarantine_path": quarantine[0] if len(quarantine) == 1 else (quarantine or None),
-        "pairs_per_second": len(frame) / seconds, "seconds": seconds, "statistics": stats, "plot": str(plot),
+        "pairs_per_second": scored_pairs / seconds, "seconds": seconds, "statistics": stats, "plot": str(plot),
         "run_id": run.info.run_id,
     }
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from data_pipelines.hub import is_hub_source
 from data_pipelines.readers import corpus_files, count_where, load_corpus
+from encoders.devices import gpus_wanted_here
 from encoders.model_uris import resolve_model
 from encoders.sources import cache_root
 from evaluation.sts import stsb_dev_pairs
@@ -161,6 +162,8 @@ def preflight(cfg: TrainJobConfig) -> Preflight:
     params = objective_params(cfg.objective)
     kind, needed = choose_kind(cfg)
     check_batch_fits(cfg.objective.weights, cfg.trainer.global_batch_size)
+    if kind.name == "lists":  # the teacher-scoring actor's GPUs, which a local Ray without them never gives
+        gpus_wanted_here({"posttrain.teacher_gpus": cfg.posttrain.teacher_gpus})
     if not cfg.data.train and kind.load is None:
         raise ValueError("data.train must name the training data (a file or folder)")
     start_model = cfg.model.init_from or cfg.model.source

@@ -49,3 +49,24 @@ def test_annotate_job_scores_equal_direct_teacher_cosines(tmp_path, pools):
         assert row["s_tiny_b"] == pytest.approx(direct[1], abs=1e-5)
         assert row["similarity"] == pytest.approx(np.clip(np.mean(direct), 0, 1), abs=1e-5)
     assert sorted(written["label"]) == [0, 0, 1, 2]
+
+
+def test_statistics_from_counts_added_over_batches_equal_numpy_on_all_rows():
+    """What the job reports without collecting the scores: mean and std exact, quantiles within a bin (0.002)."""
+    from data_pipelines.annotate import merge_counts, score_counts, summarise
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"label": rng.integers(0, 3, 3000).astype(float),
+                          "s_a": rng.uniform(-0.3, 1, 3000), "s_b": rng.beta(5, 2, 3000)})
+    frame["similarity"] = frame[["s_a", "s_b"]].mean(axis=1).clip(0, 1)
+    batches = (frame.iloc[i::7] for i in range(7))
+    got = summarise(merge_counts(score_counts(part, ["a", "b"]) for part in batches), ["a", "b"])
+    for stats, values in [(got["S"], frame["similarity"]), (got["per_teacher"]["a"], frame["s_a"]),
+                          (got["per_label"]["neutral"], frame.loc[frame["label"] == 1, "similarity"])]:
+        assert stats["count"] == len(values)
+        assert stats["mean"] == pytest.approx(values.mean(), abs=1e-9)
+        assert stats["std"] == pytest.approx(values.std(ddof=0), abs=1e-9)
+        for key, q in (("p10", 0.1), ("median", 0.5), ("p90", 0.9)):
+            assert stats[key] == pytest.approx(np.quantile(values, q), abs=2e-3), key
+    assert set(got["per_label"]) == {"entailment", "neutral", "contradiction"}
+    assert got["clipped_to_zero"] == int((frame[["s_a", "s_b"]].mean(axis=1) < 0).sum()) > 0

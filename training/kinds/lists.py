@@ -9,6 +9,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from data_pipelines.teachers import TeacherConfig, TeacherEncoder
 from encoders.backbone import build_encoder, inference_embeddings
+from encoders.devices import actor_device, pool_resources
 from encoders.model_uris import resolve_model
 from objectives.composite import EmbeddingBatch
 from objectives.gather import gather_no_grad, gather_with_grad
@@ -21,14 +22,16 @@ class ListTeacher:
     the teacher is the start model encoding exactly as the training encoder does at step 0: its pooling, prompt
     template, padding side and max length; else a named teacher (posttrain.teacher) as sentence-transformers loads it."""
 
-    def __init__(self, source: str, batch_size: int, trust_remote_code: bool = False, encoder: dict | None = None):
+    def __init__(self, source: str, batch_size: int, trust_remote_code: bool = False, encoder: dict | None = None,
+                 gpus: float = 0.0):
+        device = actor_device(gpus)
         if encoder is not None:
-            model = build_encoder(source, trust_remote_code=trust_remote_code, **encoder)
+            model = build_encoder(source, trust_remote_code=trust_remote_code, device=device, **encoder)
             model.eval()
             self.encode = lambda sentences: inference_embeddings(model, sentences, batch_size)
         else:
             self.encode = TeacherEncoder(TeacherConfig(name="teacher", source=source, batch_size=batch_size,
-                                                       trust_remote_code=trust_remote_code)).encode
+                                                       trust_remote_code=trust_remote_code), device).encode
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         sims = []
@@ -53,7 +56,7 @@ def list_teacher_kwargs(cfg, start_model: str) -> dict:
     """ListTeacher's arguments: ``posttrain.teacher`` as named, or the frozen start model built as training builds
     it (without dropout, adapters or quantization: a new LoRA adapter is zero at step 0)."""
     kwargs = {"source": resolve_model(cfg.posttrain.teacher or start_model), "batch_size": 64,
-              "trust_remote_code": teacher_trusts_code(cfg)}
+              "trust_remote_code": teacher_trusts_code(cfg), "gpus": cfg.posttrain.teacher_gpus}
     if cfg.posttrain.teacher is None:
         model = cfg.model
         kwargs["encoder"] = {"pooling": model.pooling, "max_length": model.max_length, "prompt": model.prompt,
@@ -67,7 +70,8 @@ def lists_with_teacher(ds, cfg, start_model: str):
 
     return ds.map_batches(ListTeacher, fn_constructor_kwargs=list_teacher_kwargs(cfg, start_model),
                           batch_size=64, compute=ray.data.ActorPoolStrategy(size=1),
-                          num_cpus=cfg.posttrain.teacher_cpus, batch_format="numpy")
+                          **pool_resources(cfg.posttrain.teacher_cpus, cfg.posttrain.teacher_gpus),
+                          batch_format="numpy")
 
 
 def _list_texts(ctx: BatchContext, rows: dict[str, np.ndarray]) -> tuple[list[list[str]], int]:
