@@ -64,7 +64,8 @@ def _hashable(column: pd.Series) -> pd.Series:
     if column.dtype != object and (api.is_numeric_dtype(column) or api.is_string_dtype(column)
                                    or api.is_bool_dtype(column)):
         return column
-    return column.astype(object).map(_scalar)
+    # cell by cell: a column Ray holds as pickled objects of one shape (lists all 6 sentences long) cannot be cast
+    return pd.Series([_scalar(value) for value in column], index=column.index, dtype=object)
 
 
 def _scalar(value):

@@ -61,3 +61,26 @@ def test_the_feed_gives_each_micro_batch_its_plan_rows_in_training_order(ray_her
         finally:
             feed.close()
         assert feed.take_wait() > 0 and feed.take_wait() == 0.0
+
+
+@pytest.mark.parametrize("lengths", [(6,), (2, 6)])
+def test_ranked_lists_with_teacher_matrices_order_and_take_whatever_their_lengths(ray_here, lengths):
+    """Lists all of one length come out of the teacher actor as a column Ray pickles as one-shape objects (pandas
+    cannot cast it); lists of mixed lengths as ragged objects. Both order by content and come back whole."""
+    import ray
+
+    def with_teacher(batch):  # what ListTeacher returns: the sentences as given, one flat n x n matrix per list
+        sims = np.empty(len(batch["sentences"]), dtype=object)
+        for i, sentences in enumerate(batch["sentences"]):
+            sims[i] = np.eye(len(sentences), dtype=np.float32).ravel()
+        return {"sentences": batch["sentences"], "teacher_sim": sims}
+
+    lists = [{"sentences": [f"list {i} sentence {j}" for j in range(lengths[i % len(lengths)])]} for i in range(40)]
+    taken = []
+    for items in (lists, lists[::-1]):
+        ds = ray.data.from_items(items, override_num_blocks=3).map_batches(with_teacher, batch_format="numpy")
+        rows = CorpusRows(content_ordered(ds.materialize()))
+        taken.append(rows.take(np.arange(40)))
+    assert [list(s) for s in taken[0]["sentences"]] == [list(s) for s in taken[1]["sentences"]]  # by content
+    assert sorted(tuple(s) for s in taken[0]["sentences"]) == sorted(tuple(x["sentences"]) for x in lists)
+    assert all(len(m) == len(s) ** 2 for s, m in zip(taken[0]["sentences"], taken[0]["teacher_sim"]))
