@@ -225,6 +225,9 @@ def _candidates(ds, column: str, seed_encoder, cfg: ListsSection):
     sample, candidates = kmeans_sample(seed_candidates(ds, column), cfg.kmeans_sample, cfg.seed)
     if candidates == 0:
         return [], np.zeros((0, 0), np.float32), 0
+    # Materialised before the encoder pool starts: its actors may hold every CPU (2 x 0.9 on 2 cores), and the
+    # groupby and sort tasks upstream would then wait for one forever.
+    sample = sample.materialize()
     pool = EncoderPool(cfg.actors, cfg.cpus_per_actor, cfg.gpus_per_actor)
     rows = sorted(embed_texts(sample, seed_encoder, pool).take_all(), key=lambda row: row["text"])
     return [row["text"] for row in rows], np.stack([row["embedding"] for row in rows]), candidates
