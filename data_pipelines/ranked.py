@@ -103,6 +103,7 @@ def seed_candidates(ds, column: str):
 def kmeans_sample(candidates, limit: int, seed: int):
     """(at most ``limit`` of the candidates, how many there were): all of them, or those with the smallest seeded
     hash of their text (a distributed sort), the same for the same corpus and seed whatever the block order."""
+    candidates = candidates.materialize()  # the groupby runs once, for the count and the sample alike
     total = candidates.count()
     if total <= limit:
         return candidates, total

@@ -166,19 +166,29 @@ def prepare_triples(frame, data_cfg, seed: int) -> TripleData:
                       heldout=heldout.drop(columns="split").reset_index(drop=True), relations=names, counts=counts)
 
 
+def relation_counts(ds) -> dict[str, int]:
+    """Triples per relation, counted block by block and added up here (a few names: no shuffle needed)."""
+    def counted(table):
+        counts = pc.value_counts(table["relation"])
+        return pa.table({"relation": counts.field("values"), "count": counts.field("counts")})
+
+    total: dict[str, int] = {}
+    for row in ds.map_batches(counted, batch_format="pyarrow").take_all():
+        total[row["relation"]] = total.get(row["relation"], 0) + int(row["count"])
+    return total
+
+
 def prepare_triples_ds(ds, data_cfg, seed: int) -> TripleData:
     """Relation set, held-out slice, caps, sampling weights and hard negatives, all seeded, one relation per Ray
     task (``prepare_relation``): the training triples stay a Ray Dataset in the object store; only the counts and
     the held-out triples (data.heldout per relation) reach the driver."""
     import pandas as pd
 
-    present = {row["relation"]: int(row["count()"]) for row in ds.groupby("relation").count().take_all()}
-    names = relation_set(present, data_cfg)
+    names = relation_set(relation_counts(ds), data_cfg)
     both = ds.groupby("relation").map_groups(lambda rows: prepare_relation(rows, names, data_cfg, seed),
                                              batch_format="pandas").materialize()
     train = both.filter(lambda row: row["split"] == "train").drop_columns(["split"]).materialize()
-    counts = {n: 0 for n in names} | {row["relation"]: int(row["count()"])
-                                      for row in train.groupby("relation").count().take_all()}
+    counts = {n: 0 for n in names} | relation_counts(train)
     if not sum(counts.values()):
         raise ValueError("no training triples left after data.heldout, data.caps and data.weights")
     heldout = pd.DataFrame(both.filter(lambda row: row["split"] == "heldout").drop_columns(["split"]).take_all(),

@@ -64,15 +64,17 @@ def test_seed_candidates_are_the_distinct_premises_found_on_the_cluster(ray_loca
     rows = [json.loads(line) for line in open(PAIRS)]
     rows += [{**rows[0], "text1": "  " + rows[0]["text1"] + " "}, {**rows[0], "text1": "   "}]  # padded, blank
     ds = ray.data.from_items(rows, override_num_blocks=4)
-    premises = sorted(r["text"] for r in seed_candidates(ds, "text1").take_all())
+    candidates = seed_candidates(ds, "text1").materialize()
+    premises = sorted(r["text"] for r in candidates.take_all())
     assert premises == sorted({r["text1"].strip() for r in rows} - {""}) and len(premises) < len(rows)
     assert not set(premises) & ({r["text2"] for r in rows} - {r["text1"] for r in rows})  # no hypothesis
-    every, total = kmeans_sample(seed_candidates(ds, "text1"), len(premises), seed=3)
+    every, total = kmeans_sample(candidates, len(premises), seed=3)
     assert total == len(premises) and sorted(r["text"] for r in every.take_all()) == premises  # all when they fit
-    sample = [sorted(r["text"] for r in kmeans_sample(seed_candidates(d, "text1"), 5, seed=3)[0].take_all())
-              for d in (ds, ray.data.from_items(rows[::-1], override_num_blocks=3))]
+    reversed_blocks = seed_candidates(ray.data.from_items(rows[::-1], override_num_blocks=3), "text1")
+    sample = [sorted(r["text"] for r in kmeans_sample(d, 5, seed=3)[0].take_all())
+              for d in (candidates, reversed_blocks)]
     assert len(sample[0]) == 5 and sample[0] == sample[1] and set(sample[0]) <= set(premises)  # any block order
-    other = sorted(r["text"] for r in kmeans_sample(seed_candidates(ds, "text1"), 5, seed=4)[0].take_all())
+    other = sorted(r["text"] for r in kmeans_sample(candidates, 5, seed=4)[0].take_all())
     assert other != sample[0]  # the seed draws it
 
 

@@ -143,8 +143,11 @@ def test_checkpointed_qlora_gradients_are_exact_on_two_workers(checkpointed_qlor
     for key in ("train_loss", "grad_norm"):
         expected, got = metric_by_step(one["run_id"], key), metric_by_step(two["run_id"], key)
         assert sorted(got) == [1, 2]
-        for step in expected:
-            assert got[step] == pytest.approx(expected[step], rel=1e-3), f"{key} at step {step}"
+        # Step 1 starts from the same weights; step 2 from weights one AdamW step apart by summation order, where a
+        # gradient of ~1e-7 can flip the sign Adam moves by (measured: 1.3e-3 relative at step 2 on some rows, as in
+        # test_distributed; a wrong batch or a gradient off by x2 moves these by 2-50%).
+        assert got[1] == pytest.approx(expected[1], rel=1e-3), f"{key} at step 1"
+        assert got[2] == pytest.approx(expected[2], rel=5e-3), f"{key} at step 2"
 
 
 def test_gradient_checkpointing_is_non_reentrant(qwen_path):
