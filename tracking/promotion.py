@@ -95,6 +95,9 @@ def decide(candidate: dict[str, float | None], champion: dict[str, float | None]
     return Decision(True, f"average {deltas['avg']:+.2f} >= margin {margin:.2f}", candidate, champion, deltas)
 
 
+PROMOTION_SETTLE_S = 2.0  # longer than a concurrent promotion takes from its last check to its alias write
+
+
 def promote(registered_model: str, candidate_version: int | None, evaluate: Callable[[str], dict[str, float | None]],
             *, margin: float = 0.0, guard_tasks: list[str] | tuple[str, ...] = (), tolerance: float = 0.0,
             eval_key: str | None = None, probe: Callable[[str], None] = load_probe) -> dict:
@@ -111,18 +114,25 @@ def promote(registered_model: str, candidate_version: int | None, evaluate: Call
         candidate_version = max(int(v.version) for v in versions)
     out: dict[str, Any] = {"registered_model": registered_model, "candidate_version": int(candidate_version),
                            "evaluated": [], "reused": []}
-    for _ in range(5):  # another promotion may move the alias meanwhile: decide again against the new champion
+    for attempt in range(5):  # another promotion may move the alias meanwhile: decide again against the new one
         champion_version = _champion(client, registered_model)
         result = _decide_once(client, registered_model, int(candidate_version), champion_version, evaluate, out,
                               margin=margin, guard_tasks=guard_tasks, tolerance=tolerance, eval_key=eval_key,
                               probe=probe)
-        if result is None or _champion(client, registered_model) == champion_version:
+        if result is None:  # did not load: never promoted, nothing moved
+            return out
+        if _champion(client, registered_model) != champion_version and attempt < 4:
+            continue
+        decision = result
+        alias = CHAMPION if decision.promote else CHALLENGER
+        client.set_registered_model_alias(registered_model, alias, str(candidate_version))
+        if not decision.promote:
             break
-    if result is None:  # did not load: never promoted, nothing moved
-        return out
-    decision = result
-    alias = CHAMPION if decision.promote else CHALLENGER
-    client.set_registered_model_alias(registered_model, alias, str(candidate_version))
+        # A promotion that decided against the same champion at the same time may write the alias after this one:
+        # look again once its write would have landed, and decide against whatever holds the alias then.
+        time.sleep(PROMOTION_SETTLE_S)
+        if _champion(client, registered_model) == int(candidate_version):
+            break
     _record(client, registered_model, candidate_version, decision, champion_version)
     after = int(candidate_version) if decision.promote else champion_version
     return {**out, **decision.as_dict(), "champion_version_before": champion_version, "alias": alias,
