@@ -22,28 +22,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import machine, write_results  # noqa: E402
-from benchmarks.training_throughput import MAX_LENGTH, MODEL, STSB, TAU, THREADS, WARMUP_STEPS, load_pairs  # noqa: E402
+from benchmarks.training_throughput import MAX_LENGTH, MODEL, STSB, THREADS, WARMUP_STEPS, load_pairs, stage2_config  # noqa: E402
 
 
 def run(frame, steps: int, batch: int, prefetch: bool, workdir: Path) -> dict:
     from mlflow import MlflowClient
 
-    from jobconfig import load_config
-    from jobconfig.schema import Stage2JobConfig
     from training.run import run_training
 
-    workdir.mkdir(parents=True, exist_ok=True)
-    data = workdir / "stsb-subset.csv"
-    frame.assign(score=frame["score"] * 5).to_csv(data, header=False, index=False)
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"
-    os.environ["RAOE_MLFLOW_ARTIFACTS"] = str(workdir / "artifacts")
-    cfg = load_config(Stage2JobConfig, ROOT / "configs" / "stage2" / "minilm-stsb-cpu.yaml", [
-        f"model.init_from={MODEL}", f"data.train={data}", "data.format=stsb_csv", f"data.prefetch={prefetch}",
-        "data.cache=false", f"trainer.max_steps={steps}", f"trainer.global_batch_size={batch}",
-        f"trainer.eval_every={steps}", f"trainer.threads_per_worker={THREADS}", "objective.weights={cosent: 1.0}",
-        f"objective.cosent.tau={TAU}", f"eval.data_dir={workdir / 'none'}", f"trainer.storage_path={workdir / 'runs'}",
-        f"output_dir={workdir / 'models'}", "tracking.run_name=prefetch", f"model.max_length={MAX_LENGTH}",
-    ])
+    cfg = stage2_config(frame, steps, batch, workdir, f"data.prefetch={prefetch}", "data.cache=false",
+                        "tracking.run_name=prefetch")
     result = run_training(cfg, register=False)
     client = MlflowClient()
     rate = {m.step: m.value for m in client.get_metric_history(result["run_id"], "pairs_per_second")}

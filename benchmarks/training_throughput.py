@@ -125,23 +125,9 @@ def run_raoe_ray(frame, steps: int, batch: int, workdir: Path) -> dict:
     per-step pairs_per_second metric (cumulative since the loop started) logged to MLflow."""
     from mlflow import MlflowClient
 
-    from jobconfig import load_config
-    from jobconfig.schema import Stage2JobConfig
     from training.run import run_training
 
-    workdir.mkdir(parents=True, exist_ok=True)
-    data = workdir / "stsb-subset.csv"
-    frame.assign(score=frame["score"] * 5).to_csv(data, header=False, index=False)
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"
-    os.environ["RAOE_MLFLOW_ARTIFACTS"] = str(workdir / "artifacts")
-    cfg = load_config(Stage2JobConfig, ROOT / "configs" / "stage2" / "minilm-stsb-cpu.yaml", [
-        f"model.init_from={MODEL}", f"data.train={data}", "data.format=stsb_csv", f"trainer.max_steps={steps}",
-        f"trainer.global_batch_size={batch}", f"trainer.eval_every={steps}", f"trainer.lr={LR}",
-        "trainer.weight_decay=0.01", "trainer.grad_clip=1.0", f"trainer.threads_per_worker={THREADS}",
-        "objective.weights={cosent: 1.0}", f"objective.cosent.tau={TAU}", f"eval.data_dir={workdir / 'none'}",
-        f"trainer.storage_path={workdir / 'runs'}", f"output_dir={workdir / 'models'}", "tracking.run_name=throughput",
-        f"model.max_length={MAX_LENGTH}",
-    ])
+    cfg = stage2_config(frame, steps, batch, workdir, "tracking.run_name=throughput")
     wall = time.perf_counter()
     result = run_training(cfg, register=False)
     wall = time.perf_counter() - wall
@@ -150,6 +136,27 @@ def run_raoe_ray(frame, steps: int, batch: int, workdir: Path) -> dict:
     first, last = WARMUP_STEPS, max(elapsed)
     return {"pairs_per_second": batch * (last - first) / (elapsed[last] - elapsed[first]), "steps": last,
             "job_wall_seconds": wall}
+
+
+def stage2_config(frame, steps: int, batch: int, workdir: Path, *overrides: str):
+    """The Stage 2 job's config on ``frame`` (written under ``workdir`` as STS-B CSV), CoSENT, no dev set, with its
+    MLflow store and runs under ``workdir``."""
+    from jobconfig import load_config
+    from jobconfig.schema import Stage2JobConfig
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    data = workdir / "stsb-subset.csv"
+    frame.assign(score=frame["score"] * 5).to_csv(data, header=False, index=False)
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"
+    os.environ["RAOE_MLFLOW_ARTIFACTS"] = str(workdir / "artifacts")
+    return load_config(Stage2JobConfig, ROOT / "configs" / "stage2" / "minilm-stsb-cpu.yaml", [
+        f"model.init_from={MODEL}", f"data.train={data}", "data.format=stsb_csv", f"trainer.max_steps={steps}",
+        f"trainer.global_batch_size={batch}", f"trainer.eval_every={steps}", f"trainer.lr={LR}",
+        "trainer.weight_decay=0.01", "trainer.grad_clip=1.0", f"trainer.threads_per_worker={THREADS}",
+        "objective.weights={cosent: 1.0}", f"objective.cosent.tau={TAU}", f"eval.data_dir={workdir / 'none'}",
+        f"trainer.storage_path={workdir / 'runs'}", f"output_dir={workdir / 'models'}", f"model.max_length={MAX_LENGTH}",
+        *overrides,
+    ])
 
 
 def run_submit_latency(workdir: Path, batch: int) -> dict:

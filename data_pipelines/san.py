@@ -391,15 +391,20 @@ def partial_stats(frame):
     written = frame[frame["guard"].isna()]
     totals: dict[str, list[int]] = {}
     for text in written["changes"]:
-        for tag, (changed, total) in json.loads(text).items():
-            entry = totals.setdefault(tag, [0, 0])
-            entry[0] += changed
-            entry[1] += total
+        _add_pos(totals, json.loads(text))
     overlap = written["overlap"].dropna().to_numpy()
     return pd.DataFrame([{"pos": json.dumps(totals), "hist": json.dumps(np.histogram(overlap, OVERLAP_BINS)[0].tolist()),
                           "overlap_sum": float(overlap.sum()), "overlap_count": len(overlap), "rows": len(frame),
                           "with_negative": len(written),
                           "guards": json.dumps(frame["guard"].dropna().value_counts().to_dict())}])
+
+
+def _add_pos(totals: dict[str, list[int]], counts: dict[str, list[int]]) -> None:
+    """Add POS -> (words changed, words) counts into ``totals``."""
+    for tag, (changed, total) in counts.items():
+        entry = totals.setdefault(tag, [0, 0])
+        entry[0] += changed
+        entry[1] += total
 
 
 def merge_stats(parts: list[dict]) -> dict:
@@ -409,10 +414,7 @@ def merge_stats(parts: list[dict]) -> dict:
     totals: dict[str, list[int]] = {}
     hist, guards = np.zeros(len(OVERLAP_BINS) - 1, dtype=np.int64), {}
     for part in parts:
-        for tag, (changed, total) in json.loads(part["pos"]).items():
-            entry = totals.setdefault(tag, [0, 0])
-            entry[0] += changed
-            entry[1] += total
+        _add_pos(totals, json.loads(part["pos"]))
         hist += np.asarray(json.loads(part["hist"]), dtype=np.int64)
         for reason, n in json.loads(part["guards"]).items():
             guards[reason] = guards.get(reason, 0) + n
