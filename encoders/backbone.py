@@ -243,7 +243,7 @@ class TokenCache:
         self._ready = ready
 
     def features(self, model, texts: list[str]) -> dict[str, Any]:
-        found = self._ready.pop(tuple(texts), None)
+        found = self._ready.get(tuple(texts))  # kept: a cached-embeddings step encodes each chunk twice
         if found is not None:
             self.hits += 1
             return found

@@ -65,7 +65,17 @@ class TrainerConfig(Section):
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage")
     global_batch_size: int = Field(512, ge=1, description="rows (pairs, sentences, lists) per optimizer step over all "
                                    "workers")
-    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step, each its own objective over the "
+                            "workers' rows (fewer in-batch negatives: for the exact objective of a large batch, "
+                            "use cache_embeddings)")
+    chunk_size: int | None = Field(None, ge=1, description="rows per encoder call, cut from each step in its own order, "
+                                   "each with its own length buckets and dropout seed: the same chunk size on 1 or N "
+                                   "workers trains the same model with dropout on; null = a worker's micro-batch "
+                                   "(exact on this worker count only)")
+    cache_embeddings: bool = Field(False, description="GradCache: encode the chunks without autograd, take the "
+                                   "objective and its gradient on the whole micro-batch, then re-encode one chunk at a "
+                                   "time with autograd; memory follows chunk_size, not the batch, for one more forward "
+                                   "pass")
     epochs: float = Field(5.0, gt=0, description="passes over the data when max_steps is null")
     max_steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
     lr: float = Field(5e-5, gt=0, description="AdamW learning rate")

@@ -50,6 +50,11 @@ class EmbeddingBatch:
             raise ValueError(f"objective {objective!r} needs batch fields {missing}; this data does not provide them")
         return [getattr(self, n) for n in names]
 
+    def trainable(self) -> list[torch.Tensor]:
+        """The trainable parameters an objective reads directly rather than through an embedding (RSE's relation
+        table): cached embeddings (training.step) take their gradient from the objective itself."""
+        return [t for t in (self.relation_table,) if t is not None and t.requires_grad]
+
     def cosines(self) -> torch.Tensor:
         e1, e2 = self.require("pairwise", "emb1", "emb2")
         return pair_cosine(e1, e2)

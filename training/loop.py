@@ -2,11 +2,11 @@
 
 Each worker maps the content-ordered corpus from Ray's object store and takes its micro-batches by index
 (``StepPlan.micro_rows``: a function of seed, step, micro-batch and rank; the next one prepared in the background),
-embeds them, all-gathers the embeddings with gradient so the composite objective sees the global batch, and steps its
-strategy; dropout is re-seeded per micro-batch the same way. So a run is the same on any worker count, and a resumed
-run continues exactly where it stopped. Rank 0 evaluates STS-B dev every ``eval_every`` steps; every worker then
-reports the metrics with a checkpoint (model in sentence-transformers format, optimizer, scheduler, step) that a
-restarted worker group resumes from.
+embeds them chunk by chunk with dropout seeded per chunk, all-gathers the embeddings with gradient so the composite
+objective sees the global batch, and steps its strategy (training.step). So a run is the same on any worker count
+(at one ``chunk_size``), and a resumed run continues exactly where it stopped. Rank 0 evaluates STS-B dev every
+``eval_every`` steps; every worker then reports the metrics with a checkpoint (model in sentence-transformers
+format, optimizer, scheduler, step) that a restarted worker group resumes from.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from evaluation.sts import pairs_spearman, relation_sts_scorer
 from objectives.composite import CompositeObjective
 from tracking.metrics import MetricsLog
 from training.checkpoints import report_checkpoint, resume_folder, write_failed, write_manifest
-from training.kinds import TRAINING_KINDS, BatchContext, DataKind, ModelAdditions
+from training.kinds import TRAINING_KINDS, BatchContext, ModelAdditions
 from training.plan import StepPlan
 from training.readiness import Readiness
 from training.rows import CorpusRows, MicroBatchFeed
+from training.step import Stepper, chunked_calls
 from training.strategy import STRATEGIES
 from training.worker_config import DevSet, WorkerConfig
 
@@ -45,12 +46,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (1 << 32))
     torch.manual_seed(seed)
-
-
-def seed_micro_batch(seed: int, step: int, micro: int, rank: int) -> None:
-    """Dropout masks from (seed, step, micro-batch, rank) alone: a resumed run draws the masks an uninterrupted
-    one would, with no RNG state to save (torch.manual_seed also seeds every CUDA device)."""
-    torch.manual_seed(int(np.random.SeedSequence([seed, step, micro, rank]).generate_state(1)[0]))
 
 
 class Evaluator:
@@ -107,9 +102,12 @@ def train_loop_per_worker(cfg: WorkerConfig) -> None:
     batches = BatchContext(module=strategy.module, model=model, device=device, autocast=strategy.autocast,
                            length_buckets=cfg.trainer.length_buckets, fields=cfg.fields,
                            negative_dropout=cfg.model.negative_dropout)
-    run = _Run(cfg, kind, batches, strategy, objective, evaluator, metrics_log, rank, world)
+    stepper = Stepper(cfg.plan, cfg.trainer.seed, kind, batches, strategy, objective, rank,
+                      cache_embeddings=cfg.trainer.cache_embeddings)
+    run = _Run(cfg, stepper, strategy, evaluator, metrics_log, rank, world)
+    chunks = cfg.plan.chunks_per_micro
     feed = MicroBatchFeed(rows, cfg.plan, cfg.trainer.seed, rank, prefetch=cfg.prefetch,
-                          prepare=lambda micro_rows: batches.tokenized(kind.encode_calls(batches, micro_rows)))
+                          prepare=lambda micro: batches.tokenized(chunked_calls(kind, batches, micro, chunks)))
     try:
         _train(run, feed, progress)
     finally:
@@ -159,10 +157,8 @@ class _Run:
     """What the training phases share on one worker."""
 
     cfg: WorkerConfig
-    kind: DataKind
-    batches: BatchContext
+    stepper: Stepper  # one optimizer step's forward and backward passes
     strategy: Any  # training.strategy.TorchStrategy or DeepSpeedStrategy
-    objective: CompositeObjective
     evaluator: Evaluator
     metrics_log: MetricsLog
     rank: int
@@ -175,7 +171,7 @@ def _train(run: _Run, feed: MicroBatchFeed, progress: Progress) -> None:
     print_every = max(1, plan.total_steps // 50)
     started = time.perf_counter()
     while progress.step < plan.total_steps:
-        loss, parts = _optimizer_step(run, feed, progress.step)
+        loss, parts = run.stepper(feed, progress.step)
         grad_norm = strategy.step()
         progress.step += 1
         step, elapsed = progress.step, time.perf_counter() - started
@@ -195,29 +191,10 @@ def _train(run: _Run, feed: MicroBatchFeed, progress: Progress) -> None:
             hook(step=step, rank=rank, world=run.world, resumed=progress.resumed_at is not None)
 
 
-def _optimizer_step(run: _Run, feed: MicroBatchFeed, step: int) -> tuple[float, dict[str, float]]:
-    """Every micro-batch of one optimizer step through the encoder, gathered, into the objective and backward;
-    returns the step's mean loss and per-objective parts (the optimizer steps in the caller)."""
-    plan, strategy = run.cfg.plan, run.strategy
-    loss_sum, parts_sum = 0.0, {}
-    for micro in range(plan.grad_accum):
-        batch = feed.next(step, micro)
-        run.batches.tokens.use(batch.prepared)
-        seed_micro_batch(run.cfg.trainer.seed, step, micro, run.rank)
-        with strategy.sync_context(micro == plan.grad_accum - 1):
-            loss, parts = run.objective(run.kind.build(run.batches, batch.rows))
-            strategy.backward(loss)
-        strategy.micro_step()
-        loss_sum += float(loss.detach()) / plan.grad_accum
-        for k, v in parts.items():
-            parts_sum[k] = parts_sum.get(k, 0.0) + float(v.detach()) / plan.grad_accum
-    return loss_sum, parts_sum
-
-
 def _evaluate_and_report(run: _Run, step: int, last: dict[str, float], progress: Progress) -> None:
     """Dev Spearman (rank 0; every rank runs the encoder under ZeRO-3, whose forward gathers weights collectively),
     then a checkpoint from every worker: rank 0 exports the full model, each strategy saves its own state."""
-    model, strategy, rank, plan = run.batches.model, run.strategy, run.rank, run.cfg.plan
+    model, strategy, rank, plan = run.stepper.batches.model, run.strategy, run.rank, run.cfg.plan
     dev = run.evaluator(model) if rank == 0 or strategy.evaluates_on_every_rank else None
     dev = dev if rank == 0 else None
     if dev is not None:

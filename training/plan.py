@@ -8,6 +8,11 @@ seeded permutation of the corpus, step k of the epoch takes the next ``global_ba
 So N workers gather exactly the global micro-batches one worker trains on, and a resumed run picks up the
 same rows at any step (nothing depends on how Ray Data handed out blocks, or on what ran before).
 
+Each step's rows are also cut into chunks of ``chunk_size`` in the step's own order (``trainer.chunk_size``, default
+a worker's micro-batch): a chunk is one encoder call with its own length buckets and its own dropout masks, seeded by
+its index in the step (``chunk_index``). A worker's slice is whole chunks, so the embeddings of a step are the same
+on any worker count that divides the chunks.
+
 The permutation is computed entry by entry (``permuted``: a keyed Feistel bijection), never held whole: a worker
 takes the entries of its own micro-batch, so its memory does not grow with the corpus (a whole permutation of
 100M rows is 800 MB, per worker and per pass)."""
@@ -27,6 +32,7 @@ class StepPlan:
     global_batch: int  # rows per optimizer step over all workers
     grad_accum: int  # micro-batches per optimizer step
     micro_batch: int  # rows per worker per micro-batch
+    chunk_size: int  # rows per encoder call (one chunk: its own length buckets and dropout seed)
     # Full global batches per pass. The remainder rows (rows % global_batch) sit out that pass: each pass is a fresh
     # permutation, so which rows sit out changes from pass to pass, and nothing is carried over.
     steps_per_epoch: int
@@ -42,6 +48,16 @@ class StepPlan:
         of the pass's permutation, ``epoch_order(seed, step // steps_per_epoch)``, computed for that slice alone."""
         start = (step % self.steps_per_epoch) * self.global_batch + (micro * self.world + rank) * self.micro_batch
         return permuted(np.arange(start, start + self.micro_batch), self.rows, seed, step // self.steps_per_epoch)
+
+    @property
+    def chunks_per_micro(self) -> int:
+        """Chunks in a worker's micro-batch."""
+        return self.micro_batch // self.chunk_size
+
+    def chunk_index(self, micro: int, rank: int, chunk: int) -> int:
+        """The place in its step of worker ``rank``'s chunk ``chunk`` of micro-batch ``micro``: the same chunk of
+        rows has the same index on any worker count."""
+        return (micro * self.world + rank) * self.chunks_per_micro + chunk
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -87,15 +103,29 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def plan_steps(rows: int, *, world: int, global_batch: int, grad_accum: int = 1, epochs: float = 1.0,
-               max_steps: int | None = None, warmup_ratio: float = 0.0) -> StepPlan:
-    """Raise ValueError naming the config key when the numbers cannot work."""
+def batch_shape(global_batch: int, world: int, grad_accum: int = 1, chunk_size: int | None = None) -> tuple[int, int]:
+    """(rows per worker per micro-batch, rows per chunk); ValueError naming the config keys when they do not divide.
+    Needs no data: the driver checks it before Ray starts."""
     if global_batch % (world * grad_accum):
         raise ValueError(
             f"trainer.global_batch_size ({global_batch}) must be divisible by trainer.num_workers x trainer.grad_accum "
             f"({world} x {grad_accum})"
         )
     micro = global_batch // (world * grad_accum)
+    chunk = micro if chunk_size is None else chunk_size
+    if micro % chunk:
+        raise ValueError(
+            f"trainer.chunk_size ({chunk}) must divide the rows each worker takes per micro-batch, "
+            f"trainer.global_batch_size / (trainer.num_workers x trainer.grad_accum) = {global_batch} / "
+            f"({world} x {grad_accum}) = {micro}"
+        )
+    return micro, chunk
+
+
+def plan_steps(rows: int, *, world: int, global_batch: int, grad_accum: int = 1, chunk_size: int | None = None,
+               epochs: float = 1.0, max_steps: int | None = None, warmup_ratio: float = 0.0) -> StepPlan:
+    """Raise ValueError naming the config key when the numbers cannot work."""
+    micro, chunk = batch_shape(global_batch, world, grad_accum, chunk_size)
     steps_per_epoch = rows // global_batch
     if steps_per_epoch < 1:
         raise ValueError(
@@ -104,5 +134,5 @@ def plan_steps(rows: int, *, world: int, global_batch: int, grad_accum: int = 1,
         )
     total = max_steps if max_steps is not None else max(1, math.ceil(epochs * steps_per_epoch))
     return StepPlan(rows=rows, world=world, global_batch=global_batch, grad_accum=grad_accum, micro_batch=micro,
-                    steps_per_epoch=steps_per_epoch, total_steps=total,
+                    chunk_size=chunk, steps_per_epoch=steps_per_epoch, total_steps=total,
                     warmup_steps=int(round(warmup_ratio * total)))

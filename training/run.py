@@ -28,7 +28,7 @@ from tracking.model_registry import REGISTERED, log_and_register, run_for_name
 from training.checkpoints import storage_failure
 from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, DataKind
 from training.loop import DEV_METRIC, MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
-from training.plan import plan_steps
+from training.plan import batch_shape, plan_steps
 from training.rows import CorpusBlocks, content_ordered
 from training.worker_config import DevSet, WorkerConfig
 
@@ -141,7 +141,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
             rows = corpus.rows
             plan = plan_steps(rows, world=cfg.trainer.num_workers,
                               global_batch=cfg.trainer.global_batch_size, grad_accum=cfg.trainer.grad_accum,
-                              epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
+                              chunk_size=cfg.trainer.chunk_size, epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
                               warmup_ratio=cfg.trainer.warmup_ratio)
             print(f"[raoe] {cfg.stage}: {rows} {pre.kind.unit}, {plan.total_steps} steps "
                   f"({plan.steps_per_epoch} per epoch), run {run_name!r}" + (" (resumed)" if resumed else ""), flush=True)
@@ -162,6 +162,8 @@ def preflight(cfg: TrainJobConfig) -> Preflight:
     params = objective_params(cfg.objective)
     kind, needed = choose_kind(cfg)
     check_batch_fits(cfg.objective.weights, cfg.trainer.global_batch_size)
+    t = cfg.trainer
+    batch_shape(t.global_batch_size, t.num_workers, t.grad_accum, t.chunk_size)  # the divisibility rules, by key
     if kind.name == "lists":  # the teacher-scoring actor's GPUs, which a local Ray without them never gives
         gpus_wanted_here({"posttrain.teacher_gpus": cfg.posttrain.teacher_gpus})
     if not cfg.data.train and kind.load is None:

@@ -57,11 +57,15 @@ class TorchStrategy:
     name = "ddp"
 
     def __init__(self, model, trainer: TrainerConfig, plan, world: int, additions: ModelAdditions | None = None):
-        import ray.train.torch
-
         self.model = model
-        self.module = ray.train.torch.prepare_model(model) if world > 1 else model
         self.device = next(model.parameters()).device
+        self.module = model
+        if world > 1:  # on the process group Ray Train opened (or any other: the tests open one without Ray)
+            from torch.nn.parallel import DistributedDataParallel
+
+            cuda = self.device.type == "cuda"
+            self.module = DistributedDataParallel(model, device_ids=[self.device] if cuda else None,
+                                                  output_device=self.device if cuda else None)
         additions = additions or ModelAdditions()  # a kind's trainable state beside the encoder, if any
         self.watched = additions.watched
         self.optimizer = build_optimizer(model, trainer.lr, trainer.weight_decay, additions)
@@ -82,13 +86,15 @@ class TorchStrategy:
         """Every rank holds the full weights already."""
         return contextlib.nullcontext()
 
-    def sync_context(self, last_micro_batch: bool):
-        """DDP all-reduces gradients only on the last micro-batch of an optimizer step."""
-        if self.world > 1 and not last_micro_batch:
+    def sync_context(self, last_backward: bool):
+        """DDP all-reduces gradients only on the last backward pass of an optimizer step."""
+        if self.world > 1 and not last_backward:
             return self.module.no_sync()
         return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:
+        """Gradients of ``loss`` / grad_accum added to the parameters' (a micro-batch's loss, or one chunk's part of
+        it with cached embeddings)."""
         (loss / self.grad_accum).backward()
 
     def step(self) -> float:
@@ -104,7 +110,7 @@ class TorchStrategy:
         return float(norm)
 
     def micro_step(self) -> None:
-        """Called after every micro-batch; only DeepSpeed needs it."""
+        """Called after every backward pass; only DeepSpeed needs it."""
 
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
@@ -125,10 +131,18 @@ class TorchStrategy:
         return saved
 
 
+def backward_passes(trainer: TrainerConfig, plan) -> int:
+    """Backward passes per optimizer step on each worker: one per micro-batch, or with cached embeddings one per
+    chunk (training.step)."""
+    return plan.grad_accum * (plan.chunks_per_micro if trainer.cache_embeddings else 1)
+
+
 def deepspeed_config(trainer: TrainerConfig, plan) -> dict[str, Any]:
+    """DeepSpeed counts a backward pass as a micro-step: its accumulation boundary is the step's last backward."""
+    passes = backward_passes(trainer, plan)
     return {
-        "train_micro_batch_size_per_gpu": plan.micro_batch,
-        "gradient_accumulation_steps": plan.grad_accum,
+        "train_micro_batch_size_per_gpu": plan.global_batch // (plan.world * passes),
+        "gradient_accumulation_steps": passes,
         "train_batch_size": plan.global_batch,
         "gradient_clipping": trainer.grad_clip or 0.0,
         "zero_optimization": {"stage": trainer.zero_stage},
@@ -183,6 +197,8 @@ class DeepSpeedStrategy:
         self.module = self.engine
         self.device = self.engine.device
         self.zero_stage = trainer.zero_stage
+        self.grad_accum = plan.grad_accum
+        self.world = world
         self.evaluates_on_every_rank = self.zero_stage == 3  # a ZeRO-3 forward all-gathers weights on every rank
         self.grad_norm = None
         self.watched_norms: dict[str, float] = {}
@@ -203,7 +219,8 @@ class DeepSpeedStrategy:
         return contextlib.nullcontext()  # the engine knows the accumulation boundary itself
 
     def backward(self, loss: torch.Tensor) -> None:
-        self.engine.backward(loss)  # scales by 1 / gradient_accumulation_steps
+        """As TorchStrategy's: ``loss`` / grad_accum (the engine's own scale would divide by its backward passes)."""
+        self.engine.backward(loss / self.grad_accum, scale_wrt_gas=False)
 
     def micro_step(self) -> None:
         boundary = self.engine.is_gradient_accumulation_boundary()
@@ -232,8 +249,20 @@ class DeepSpeedStrategy:
         return True
 
     def load(self, folder: Path) -> dict[str, Any]:
+        check_zero_partitions(folder, self.zero_stage, self.world)
         _, client_state = self.engine.load_checkpoint(str(folder / DEEPSPEED_DIR), tag=DEEPSPEED_TAG)
         return dict(client_state or {})
+
+
+def check_zero_partitions(folder: Path, zero_stage: int, world: int) -> None:
+    """A ZeRO checkpoint holds one optimizer partition per worker: resuming it on another worker count is refused by
+    name (a DDP checkpoint, or ZeRO-0's, resumes on any count)."""
+    saved = len(list((Path(folder) / DEEPSPEED_DIR / DEEPSPEED_TAG).glob("*zero_pp_rank_*optim_states.pt")))
+    if zero_stage > 0 and saved and saved != world:
+        raise ValueError(f"this run's last checkpoint holds ZeRO-{zero_stage} optimizer partitions for {saved} workers "
+                         f"and trainer.num_workers is {world}: resume it on {saved} workers (re-partitioning through "
+                         f"DeepSpeed's universal checkpoints is not supported), or train with trainer.strategy=ddp, "
+                         f"whose checkpoints resume on any worker count")
 
 
 STRATEGIES = {"ddp": TorchStrategy, "deepspeed": DeepSpeedStrategy}

@@ -7,6 +7,8 @@ import pytest
 from training.kinds import TRAINING_KINDS
 from training.run import check_objective_fits
 
+PAIRS = TRAINING_KINDS["pairs"]  # its build(): a micro-batch as one chunk
+
 
 @pytest.mark.parametrize("weights, kind, fields", [
     ({"rank_margin": 1.0, "gated_angle": 1.0}, "pairs", {"scores", "labels"}),
@@ -27,7 +29,6 @@ def test_workers_with_and_without_s_issue_the_same_gathers(monkeypatch):
     from encoders.backbone import build_encoder
     from encoders.sources import resolve_model_source
     from training.kinds import BatchContext
-    from training.kinds.text import text_pairs_batch
 
     calls = []  # every gather of scores, labels and text ids goes through BatchContext (training/kinds/base.py)
     monkeypatch.setattr(base, "gather_no_grad", lambda t: calls.append(tuple(t.shape)) or t)
@@ -38,7 +39,7 @@ def test_workers_with_and_without_s_issue_the_same_gathers(monkeypatch):
     sequences = []
     for rows in (annotated, missing):
         calls.clear()
-        batch = text_pairs_batch(BatchContext(model, model, torch.device("cpu"), fields=("scores", "labels")), rows)
+        batch = PAIRS.build(BatchContext(model, model, torch.device("cpu"), fields=("scores", "labels")), rows)
         sequences.append(list(calls))
     assert sequences[0] == sequences[1] and len(sequences[0]) == 4  # scores, labels, ids1, ids2 on both
     assert np.isnan(batch.scores[1].item())  # the gap is kept, and the objective then refuses it by name

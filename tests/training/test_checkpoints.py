@@ -79,14 +79,15 @@ def test_deepspeed_checkpoints_load_weights_only(tmp_path, one_rank_group, zero_
     import pickle
 
     from jobconfig.schema import TrainerConfig
-    from training.strategy import DeepSpeedStrategy
+    from training.strategy import DeepSpeedStrategy, check_zero_partitions
 
     def strategy(seed):
         torch.manual_seed(seed)
         model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Linear(6, 3))
         cfg = TrainerConfig(strategy="deepspeed", lr=1e-2, weight_decay=0.01, grad_clip=1.0, zero_stage=zero_stage,
                             bf16=False)
-        plan = SimpleNamespace(micro_batch=4, grad_accum=1, global_batch=4, warmup_steps=0, total_steps=10)
+        plan = SimpleNamespace(micro_batch=4, grad_accum=1, global_batch=4, warmup_steps=0, total_steps=10, world=1,
+                               chunks_per_micro=1)
         return DeepSpeedStrategy(model, cfg, plan, 1)
 
     trained = strategy(0)
@@ -103,6 +104,11 @@ def test_deepspeed_checkpoints_load_weights_only(tmp_path, one_rank_group, zero_
         each.backward(each.module(x).pow(2).sum())
         each.micro_step()
     assert torch.equal(resumed.module(x), trained.module(x))
+
+    if zero_stage:  # its optimizer partitions are one worker's: refused by name on two
+        with pytest.raises(ValueError, match="partitions for 1 workers and trainer.num_workers is 2"):
+            check_zero_partitions(tmp_path, zero_stage, 2)
+    check_zero_partitions(tmp_path, zero_stage, 1)
 
     marker = tmp_path / "pwned"
     trained.save(tmp_path, 0, {"step": 3, "payload": _Payload(marker)})

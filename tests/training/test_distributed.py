@@ -1,6 +1,7 @@
 """The global-batch contract end to end: 1 worker, 2 DDP workers, and 2 DeepSpeed workers under ZeRO-2 and ZeRO-3
-train on the same rows at every step (dropout 0) and so log the same loss and the same global gradient norm
-(before clipping) at every step. The gradient norm is what a x N error in the gradient would show; weights after
+train on the same rows in the same chunks with the same dropout masks at every step (dropout 0.1, chunks of 16: two
+on one worker, one on each of two) and so log the same loss and the same global gradient norm (before clipping) at
+every step. The gradient norm is what a x N error in the gradient would show; weights after
 a clipped AdamW step would not. The ZeRO-3 run tokenises ahead in the input prefetch thread, the others in the step.
 bf16 means autocast with fp32 weights under both strategies."""
 
@@ -14,8 +15,8 @@ from tests.training.conftest import metric_by_step, tiny_config
 
 LR = 1e-3
 STEPS = 3
-COMMON = ("trainer.global_batch_size=32", f"trainer.max_steps={STEPS}", f"trainer.lr={LR}",
-          "trainer.warmup_ratio=0.0", "trainer.eval_every=3")
+COMMON = ("trainer.global_batch_size=32", "trainer.chunk_size=16", "model.dropout=0.1", f"trainer.max_steps={STEPS}",
+          f"trainer.lr={LR}", "trainer.warmup_ratio=0.0", "trainer.eval_every=3")
 RUNS = {
     "1 worker": (),
     "2 workers ddp": ("trainer.num_workers=2",),

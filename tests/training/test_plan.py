@@ -58,7 +58,8 @@ def test_max_steps_overrides_epochs():
 
 @pytest.mark.parametrize(
     "kwargs, key",
-    [({"global_batch": 30, "world": 4}, "trainer.global_batch_size"), ({"global_batch": 512, "world": 1}, "larger")],
+    [({"global_batch": 30, "world": 4}, "trainer.global_batch_size"), ({"global_batch": 512, "world": 1}, "larger"),
+     ({"global_batch": 32, "world": 2, "chunk_size": 3}, r"trainer.chunk_size \(3\) must divide .* = 16")],
 )
 def test_impossible_numbers_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
@@ -73,3 +74,17 @@ def test_the_remainder_rows_of_a_pass_sit_it_out_and_are_not_carried_to_the_next
     assert len(left_out) == 24
     assert not left_out <= set(passes[1][:24].tolist())  # not first in line in the next pass
     assert left_out != set(range(120)) - set(passes[1].tolist())  # a different remainder sits out the next pass
+
+
+def test_a_chunk_has_one_place_in_its_step_on_any_worker_count():
+    """Chunk c of a step holds the step's rows [c * chunk, (c + 1) * chunk) whoever encodes it: its dropout seed."""
+    for world, accum in ((1, 1), (2, 1), (4, 1), (2, 2), (1, 4)):
+        plan = plan_steps(64, world=world, global_batch=32, grad_accum=accum, chunk_size=4, max_steps=2)
+        step_rows = plan_steps(64, world=1, global_batch=32, chunk_size=4, max_steps=2).micro_rows(7, 1, 0, 0)
+        for micro in range(accum):
+            for rank in range(world):
+                rows = plan.micro_rows(7, 1, micro, rank)
+                for k in range(plan.chunks_per_micro):
+                    c = plan.chunk_index(micro, rank, k)
+                    assert rows[k * 4:(k + 1) * 4].tolist() == step_rows[c * 4:(c + 1) * 4].tolist()
+    assert plan_steps(64, world=2, global_batch=32).chunk_size == 16  # unset: a worker's micro-batch

@@ -8,6 +8,9 @@ import torch
 
 from encoders.backbone import build_encoder, export_encoder, forward_pass, inference_embeddings, load_encoder
 from encoders.sources import resolve_model_source
+from training.kinds import TRAINING_KINDS
+
+PAIRS = TRAINING_KINDS["pairs"]  # its build(): a micro-batch as one chunk
 
 LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}
 PROMPT = "Summarize sentence {text} in one word:"
@@ -46,7 +49,6 @@ def test_base_is_4bit_and_only_lora_trains(qwen_path):
 
     from objectives.composite import PRESETS, CompositeObjective
     from training.kinds import BatchContext
-    from training.kinds.text import text_pairs_batch
 
     model = qlora(qwen_path, prompt=None)
     assert sum(isinstance(m, bnb.nn.Linear4bit) for m in model.modules()) >= 14  # every linear of the 2 blocks
@@ -57,7 +59,7 @@ def test_base_is_4bit_and_only_lora_trains(qwen_path):
     objective, losses = CompositeObjective(PRESETS["raoe"], {"rank_margin": {"margin": 0.0}}), []
     model.train()
     for _ in range(6):  # a fixed batch: the loss must go down
-        loss, _ = objective(text_pairs_batch(BatchContext(model, model, torch.device("cpu"), fields=FIELDS), _batch()))
+        loss, _ = objective(PAIRS.build(BatchContext(model, model, torch.device("cpu"), fields=FIELDS), _batch()))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -1,5 +1,6 @@
 """Recovery: a resubmitted run name resumes, passing over a checkpoint that is not whole (a killed worker inside a
-run: test_exact_resume.py); Stage 2 starts from a registered Stage 1 model by its MLflow URI."""
+run: test_exact_resume.py), on another worker count with dropout on; Stage 2 starts from a registered Stage 1 model
+by its MLflow URI."""
 
 import csv
 import json
@@ -12,7 +13,8 @@ from tests.training.conftest import TINY_NLI, tiny_config
 from training.faults import KillWorkerAfterStep
 
 STEPS = ("data.max_rows=64", "trainer.global_batch_size=16", "trainer.max_steps=5", "trainer.eval_every=2",
-         "data.cache=true")  # the resubmission reads the corpus its first submission validated
+         "data.cache=true",  # the resubmission reads the corpus its first submission validated
+         "trainer.chunk_size=8", "model.dropout=0.1")  # 2 workers x 1 chunk first, then 1 worker x 2 chunks
 
 
 def _logged_steps(run_id: str) -> list[int]:
@@ -23,18 +25,19 @@ def _logged_steps(run_id: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def resubmitted(train_env):
-    """A run whose worker dies after step 4 with no restarts allowed (the job fails), its step-4 checkpoint then
-    truncated on disk (a half-written file), and the same run name submitted again."""
+    """A run on 2 workers whose worker dies after step 4 with no restarts allowed (the job fails), its step-4
+    checkpoint then truncated on disk (a half-written file), and the same run name submitted again on 1 worker."""
     from training.run import run_training
 
     with pytest.raises(ray.train.TrainingFailedError):  # no restarts allowed: the job fails after step 4
-        run_training(tiny_config(train_env, "resubmitted", *STEPS), after_step=(KillWorkerAfterStep(4),))
+        run_training(tiny_config(train_env, "resubmitted", *STEPS, "trainer.num_workers=2"),
+                     after_step=(KillWorkerAfterStep(4),))
     latest = max((p for p in (train_env / "runs" / "resubmitted").glob("checkpoint_*") if p.is_dir()),
                  key=lambda p: p.name)
     assert json.loads((latest / "progress.json").read_text())["step"] == 4
     weights = latest / "model" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    return run_training(tiny_config(train_env, "resubmitted", *STEPS))
+    return run_training(tiny_config(train_env, "resubmitted", *STEPS, "trainer.num_workers=1"))
 
 
 def test_resubmitting_a_run_name_resumes_it_from_its_last_whole_checkpoint(resubmitted):
@@ -45,9 +48,10 @@ def test_resubmitting_a_run_name_resumes_it_from_its_last_whole_checkpoint(resub
     # one MLflow run, continued from step 2: the truncated step-4 checkpoint was passed over
     assert _logged_steps(resubmitted["run_id"]) == [1, 2, 3, 3, 4, 4, 5]
     history = MlflowClient().get_metric_history(resubmitted["run_id"], "train_loss")
-    for step in (3, 4):  # replayed exactly
-        first, again = [m.value for m in history if m.step == step]
-        assert again == pytest.approx(first, rel=1e-6), step
+    first, again = [m.value for m in history if m.step == 3]  # replayed on 1 worker from the 2 workers' weights
+    assert again == pytest.approx(first, rel=1e-5)
+    first, again = [m.value for m in history if m.step == 4]  # after one AdamW step summed in another order
+    assert again == pytest.approx(first, rel=5e-3)  # (test_distributed: up to 1.3e-3 measured)
 
 
 def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, tmp_path):

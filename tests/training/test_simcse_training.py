@@ -10,8 +10,9 @@ from encoders.sources import resolve_model_source
 from objectives import infonce_loss
 from objectives.composite import CompositeObjective
 from tests.training.conftest import tiny_config
-from training.kinds import BatchContext
-from training.kinds.text import text_pairs_batch
+from training.kinds import TRAINING_KINDS, BatchContext
+
+PAIRS = TRAINING_KINDS["pairs"]  # its build(): a micro-batch as one chunk
 
 BATCH = {"text1": np.array(["a man plays.", "kids eat.", "dogs run."], dtype=object),
          "text2": np.array(["a human plays.", "children eat.", "animals run."], dtype=object),
@@ -26,7 +27,7 @@ def test_triplet_batch_gives_infonce_its_hard_negatives():
     model.eval()
     objective = CompositeObjective({"infonce": 1.0}, {"infonce": {"tau": 0.05}})
     with torch.no_grad():
-        loss, _ = objective(text_pairs_batch(BatchContext(model, model, torch.device("cpu"), fields=FIELDS), BATCH))
+        loss, _ = objective(PAIRS.build(BatchContext(model, model, torch.device("cpu"), fields=FIELDS), BATCH))
         e1, e2, neg = (forward_pass(model, model, list(BATCH[k])) for k in ("text1", "text2", "text_neg"))
     assert torch.allclose(loss, infonce_loss(e1, e2, neg, tau=0.05), atol=1e-5)
     assert not torch.allclose(loss, infonce_loss(e1, e2, tau=0.05), atol=1e-3)  # the negatives count

@@ -1,5 +1,5 @@
 """Tokenisation off the training thread: each kind's ``encode_calls`` names exactly the forward passes its builder
-runs, so the feed tokenises all of them ahead and the step tokenises none, with embeddings equal to tokenising in
+runs (``embed``), so the feed tokenises all of them ahead and the step tokenises none, with embeddings equal to tokenising in
 the step (dropout on, the same seed)."""
 
 import numpy as np
@@ -63,5 +63,5 @@ def test_texts_not_prepared_are_tokenised_in_the_step(model):
     ctx.tokens.use(ctx.tokenized(kind.encode_calls(ctx, ROWS["pairs"])))
     other = {**ROWS["pairs"], "text2": np.array([t.upper() for t in TEXTS], dtype=object)}  # not what was prepared:
     # still right, counted as misses
-    kind.build(ctx, other)
+    kind.embed(ctx, other)
     assert ctx.tokens.misses == 2 and ctx.tokens.hits == 0  # both length buckets changed

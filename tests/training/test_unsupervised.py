@@ -13,9 +13,10 @@ from encoders.sources import resolve_model_source
 from objectives.composite import CompositeObjective
 from tests.training.conftest import ROOT, metric_by_step
 from training.faults import KillWorkerAfterStep
-from training.kinds import BatchContext
+from training.kinds import TRAINING_KINDS, BatchContext
 from training.kinds.base import dropout_rate
-from training.kinds.text import sentences_batch
+
+SENTENCES = TRAINING_KINDS["sentences_san"]  # its build(): a micro-batch as one chunk
 
 SAN = ROOT / "configs" / "tiny" / "data" / "sentences_san.jsonl"
 ROWS = [json.loads(line) for line in SAN.read_text().splitlines()[:6]]
@@ -41,7 +42,7 @@ def test_dropout_rate_sets_every_dropout_inside_the_block_only():
 def test_two_dropout_views_are_the_positive_and_negatives_get_p2():
     model = _model(0.1)
     torch.manual_seed(0)
-    batch = sentences_batch(BatchContext(model, model, torch.device("cpu"), negative_dropout=0.0), BATCH)
+    batch = SENTENCES.build(BatchContext(model, model, torch.device("cpu"), negative_dropout=0.0), BATCH)
     assert not torch.allclose(batch.emb1, batch.emb2, atol=1e-4)  # the same sentences, different dropout masks
     model.eval()
     with torch.no_grad():
@@ -52,7 +53,7 @@ def test_two_dropout_views_are_the_positive_and_negatives_get_p2():
 def test_hince_with_equal_temperatures_and_dropouts_is_infonce_with_hard_negatives():
     model = _model(0.1)
     torch.manual_seed(1)
-    batch = sentences_batch(BatchContext(model, model, torch.device("cpu"), negative_dropout=0.1), BATCH)
+    batch = SENTENCES.build(BatchContext(model, model, torch.device("cpu"), negative_dropout=0.1), BATCH)
     hince, _ = CompositeObjective({"hince": 1.0}, {"hince": {"tau1": 0.05, "tau2": 0.05}})(batch)
     infonce, _ = CompositeObjective({"infonce": 1.0}, {"infonce": {"tau": 0.05}})(batch)
     assert hince.item() == pytest.approx(infonce.item(), rel=1e-6)
@@ -67,7 +68,7 @@ def _hince_loss_and_grad_norm(checkpointing: bool) -> tuple[float, float]:
     # tau2 = tau1: at the paper's 0.08 a random tiny encoder gives the negatives ~1e-3 of the softmax, too little
     # gradient for the claim to show
     objective = CompositeObjective({"hince": 1.0}, {"hince": {"tau1": 0.05, "tau2": 0.05}})
-    loss, _ = objective(sentences_batch(BatchContext(model, model, torch.device("cpu"), negative_dropout=0.4), BATCH))
+    loss, _ = objective(SENTENCES.build(BatchContext(model, model, torch.device("cpu"), negative_dropout=0.4), BATCH))
     loss.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     return loss.item(), torch.nn.utils.get_total_norm(grads).item()
@@ -85,7 +86,7 @@ def test_anchors_without_an_aligned_negative_stay_in_the_batch_masked():
     model = _model(0.0)
     rows = {"text": BATCH["text"], "negative": np.array([n if i % 3 else None for i, n in enumerate(BATCH["negative"])],
                                                         dtype=object)}
-    batch = sentences_batch(BatchContext(model, model, torch.device("cpu"), negative_dropout=0.0), rows)
+    batch = SENTENCES.build(BatchContext(model, model, torch.device("cpu"), negative_dropout=0.0), rows)
     assert batch.neg_mask.tolist() == [False, True, True, False, True, True]
     assert batch.emb_neg.shape == batch.emb1.shape  # one row per anchor: every worker encodes the same count
     masked, _ = CompositeObjective({"hince": 1.0})(batch)

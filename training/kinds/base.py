@@ -1,6 +1,7 @@
-"""What every kind of training data shares: the table entry (``DataKind``), the one contract of its batch builder
-(``BatchContext`` in, an ``EmbeddingBatch`` of the gathered global batch out), the trainable state a kind may add to
-the model (``ModelAdditions``), and the helpers the builders encode and gather with.
+"""What every kind of training data shares: the table entry (``DataKind``), the contract of its two phases (``embed``:
+``BatchContext`` and a chunk of rows in, the chunk's embeddings out; ``assemble``: a worker's rows and their
+embeddings in, an ``EmbeddingBatch`` of the gathered global batch out), the trainable state a kind may add to the
+model (``ModelAdditions``), and the helpers the phases encode and gather with.
 
 Every worker gathers the same fields in the same order, decided by the driver from the config, whatever its own
 rows hold (else the all-gathers misalign or hang)."""
@@ -76,18 +77,26 @@ class ModelAdditions:
     watched: dict[str, torch.nn.Parameter] = field(default_factory=dict)
 
 
+# A chunk's embeddings by name: tensors whose rows follow the chunk's rows in order (a ranked list's sentences flat,
+# list after list), so the chunks of a worker's micro-batch concatenate into the embeddings of its rows.
+Embeddings = dict[str, torch.Tensor]
+
+
 @dataclass(frozen=True)
 class DataKind:
     """One kind of training data. The driver prepares its rows (``corpus_to_rows`` on the validated corpus, or
-    ``load`` for a corpus that is not one ``data.train``), each worker adds its trainable state (``setup_model``)
-    and builds its micro-batches (``build``), and the driver reports after training (``finish``)."""
+    ``load`` for a corpus that is not one ``data.train``), each worker adds its trainable state (``setup_model``),
+    encodes each chunk of its rows (``embed``) and gathers its micro-batch into the global batch (``assemble``), and
+    the driver reports after training (``finish``)."""
 
     name: str
     corpus: str  # the reader's corpus kind (data_pipelines.formats.CORPUS_KINDS)
     provides: tuple[str, ...]  # EmbeddingBatch fields this data can fill
-    build: Callable[[BatchContext, dict[str, np.ndarray]], EmbeddingBatch]
-    # The (texts, buckets or None) of every ``ctx.encode`` call ``build`` makes on these rows, in order: tokenised
-    # ahead by the feed. A builder and its encode_calls read their texts through the same function.
+    embed: Callable[[BatchContext, dict[str, np.ndarray]], Embeddings]  # one chunk through the encoder
+    # (worker's rows, their embeddings) -> the gathered batch: every worker gathers the same fields in the same order
+    assemble: Callable[[BatchContext, dict[str, np.ndarray], Embeddings], EmbeddingBatch]
+    # The (texts, buckets or None) of every ``ctx.encode`` call ``embed`` makes on a chunk, in order: tokenised
+    # ahead by the feed. ``embed`` and its encode_calls read their texts through the same function.
     encode_calls: Callable[[BatchContext, dict[str, np.ndarray]], list[tuple[list[str], int | None]]]
     unit: str = "pairs"  # what one row is, for progress lines
     corpus_to_rows: Callable[..., object] | None = None  # (validated corpus, job config, start model) -> rows
@@ -95,6 +104,10 @@ class DataKind:
     load: Callable[..., tuple] | None = None
     setup_model: Callable[..., ModelAdditions] | None = None  # (model, extras, start folder, seed), on every worker
     finish: Callable[..., dict] | None = None  # (job config, model folder, extras, output folder) -> metrics
+
+    def build(self, ctx: BatchContext, rows: dict[str, np.ndarray]) -> EmbeddingBatch:
+        """The gathered batch of ``rows`` encoded as one chunk."""
+        return self.assemble(ctx, rows, self.embed(ctx, rows))
 
     def prepare(self, ds, rows: int, cfg, start_model: str):
         """(training dataset, row count) from the validated corpus of ``rows`` records."""

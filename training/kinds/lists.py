@@ -87,16 +87,21 @@ def lists_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[tuple[li
     return [([s for sentences in lists for s in sentences], buckets)]
 
 
-def lists_batch(ctx: BatchContext, rows: dict[str, np.ndarray]) -> EmbeddingBatch:
-    """Ranked lists: every sentence of the worker's lists through the encoder, gathered with gradient along with
-    the list lengths and teacher matrices, then padded into [lists, longest, d] the same way on every worker."""
+def lists_embed(ctx: BatchContext, rows: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Every sentence of the lists through the encoder, flat in list order."""
     lists, buckets = _list_texts(ctx, rows)
-    local = ctx.encode([s for sentences in lists for s in sentences], buckets)
+    return {"sentences": ctx.encode([s for sentences in lists for s in sentences], buckets)}
+
+
+def lists_batch(ctx: BatchContext, rows: dict[str, np.ndarray], local: dict[str, torch.Tensor]) -> EmbeddingBatch:
+    """The sentences' embeddings gathered with gradient along with the list lengths and teacher matrices, then padded
+    into [lists, longest, d] the same way on every worker."""
+    lists = [list(sentences) for sentences in rows["sentences"]]
     device = ctx.device
     lengths = gather_no_grad(torch.tensor([len(x) for x in lists], device=device)).tolist()
     flat = np.concatenate([np.asarray(t, dtype=np.float32) for t in rows["teacher_sim"]])
     targets = gather_no_grad(torch.from_numpy(flat).to(device))
-    emb = list(torch.split(gather_with_grad(local), lengths))
+    emb = list(torch.split(gather_with_grad(local["sentences"]), lengths))
     matrices = [t.view(n, n) for t, n in zip(torch.split(targets, [n * n for n in lengths]), lengths)]
     longest = max(lengths)
     target = torch.zeros(len(lengths), longest, longest, device=device)

@@ -23,15 +23,21 @@ def text_pairs_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[tup
     return [(text1 + text2 + negatives, None)]
 
 
-def text_pairs_batch(ctx: BatchContext, rows: dict[str, np.ndarray]) -> EmbeddingBatch:
+def text_pairs_embed(ctx: BatchContext, rows: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     """Pairs and SimCSE triplets: both texts (and the hard negative) through the encoder together, in length-grouped
-    passes; embeddings gathered with gradient."""
+    passes."""
     text1, text2, negatives = _pair_texts(rows)
     every = ctx.encode(text1 + text2 + negatives)
     n = len(text1)
+    return {"emb1": every[:n], "emb2": every[n: 2 * n], **({"emb_neg": every[2 * n:]} if negatives else {})}
+
+
+def text_pairs_batch(ctx: BatchContext, rows: dict[str, np.ndarray], local: dict[str, torch.Tensor]) -> EmbeddingBatch:
+    """The embeddings gathered with gradient, with the texts' ids and the fields the objective reads."""
+    text1, text2, _ = _pair_texts(rows)
     return EmbeddingBatch(
-        emb1=gather_with_grad(every[:n]), emb2=gather_with_grad(every[n: 2 * n]),
-        emb_neg=gather_with_grad(every[2 * n:]) if negatives else None,
+        emb1=gather_with_grad(local["emb1"]), emb2=gather_with_grad(local["emb2"]),
+        emb_neg=gather_with_grad(local["emb_neg"]) if "emb_neg" in local else None,
         ids1=ctx.gather_ids(text1), ids2=ctx.gather_ids(text2), **ctx.gather_fields(rows),
     )
 
@@ -51,21 +57,30 @@ def sentences_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[tupl
     return [(texts + texts, None)] + ([(negatives, None)] if negatives is not None else [])
 
 
-def sentences_batch(ctx: BatchContext, rows: dict[str, np.ndarray]) -> EmbeddingBatch:
+def sentences_embed(ctx: BatchContext, rows: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     """Unsupervised SimCSE: each sentence twice through the encoder in one pass, so dropout (``model.dropout``)
     makes the two views its anchor and positive. With a ``negative`` column (SAN), the aligned negatives go through
     a pass of their own at dropout ``negative_dropout`` (the paper's p2)."""
-    texts, negatives, present = _sentence_texts(rows)
+    texts, negatives, _ = _sentence_texts(rows)
     views = ctx.encode(texts + texts)
     n = len(texts)
-    negative = mask = None
+    out = {"emb1": views[:n], "emb2": views[n:]}
     if negatives is not None:
         with dropout_rate(ctx.model, ctx.negative_dropout):
-            negative = gather_with_grad(ctx.encode(negatives))
+            out["emb_neg"] = ctx.encode(negatives)
+    return out
+
+
+def sentences_batch(ctx: BatchContext, rows: dict[str, np.ndarray], local: dict[str, torch.Tensor]) -> EmbeddingBatch:
+    """The views (and aligned negatives, with which are real) gathered; a sentence's ids are its own on both sides."""
+    texts, negatives, present = _sentence_texts(rows)
+    negative = mask = None
+    if negatives is not None:
+        negative = gather_with_grad(local["emb_neg"])
         mask = gather_no_grad(torch.tensor(present, dtype=torch.bool, device=ctx.device))
     ids = ctx.gather_ids(texts)
-    return EmbeddingBatch(emb1=gather_with_grad(views[:n]), emb2=gather_with_grad(views[n:]), emb_neg=negative,
-                          neg_mask=mask, ids1=ids, ids2=ids)
+    return EmbeddingBatch(emb1=gather_with_grad(local["emb1"]), emb2=gather_with_grad(local["emb2"]),
+                          emb_neg=negative, neg_mask=mask, ids1=ids, ids2=ids)
 
 
 def nli_to_triplets(ds, cfg, start_model: str):

@@ -67,15 +67,21 @@ def triples_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[tuple[
     return [(head + tail + negative, None)]
 
 
-def triples_batch(ctx: BatchContext, rows: dict[str, np.ndarray]) -> EmbeddingBatch:
-    """Relation triples: heads, tails and hard negatives through the encoder together (a same-sent triple's head
-    and tail are two dropout views), gathered with gradient; relation ids and text ids gathered; the relation
-    table is the model's own parameter, the same full tensor on every worker."""
+def triples_embed(ctx: BatchContext, rows: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Heads, tails and hard negatives through the encoder together (a same-sent triple's head and tail are two
+    dropout views)."""
     head, tail, negative = _triple_texts(rows)
     every = ctx.encode(head + tail + negative)
     n = len(head)
+    return {"emb1": every[:n], "emb2": every[n: 2 * n], "emb_neg": every[2 * n:]}
+
+
+def triples_batch(ctx: BatchContext, rows: dict[str, np.ndarray], local: dict[str, torch.Tensor]) -> EmbeddingBatch:
+    """The embeddings gathered with gradient, relation ids and text ids gathered; the relation table is the model's
+    own parameter, the same full tensor on every worker."""
+    head, tail, negative = _triple_texts(rows)
     relation_ids = torch.as_tensor(np.asarray(rows["relation_id"], dtype=np.int64), device=ctx.device)
-    return EmbeddingBatch(emb1=gather_with_grad(every[:n]), emb2=gather_with_grad(every[n: 2 * n]),
-                          emb_neg=gather_with_grad(every[2 * n:]), ids1=ctx.gather_ids(head),
+    return EmbeddingBatch(emb1=gather_with_grad(local["emb1"]), emb2=gather_with_grad(local["emb2"]),
+                          emb_neg=gather_with_grad(local["emb_neg"]), ids1=ctx.gather_ids(head),
                           ids2=ctx.gather_ids(tail), ids_neg=ctx.gather_ids(negative),
                           relation=gather_no_grad(relation_ids), relation_table=ctx.model.get_parameter(TABLE))

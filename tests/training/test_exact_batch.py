@@ -1,0 +1,241 @@
+"""The exact global batch with dropout on: chunks are seeded by their place in the step, so 1 worker and 2 workers
+give the same step-1 loss and gradient norm for every kind of data; cached embeddings (GradCache) give the loss and
+gradient norm of the direct step under DDP, ZeRO-2, ZeRO-3 and checkpointed QLoRA.
+
+One optimizer step of training.step's Stepper per scenario, in gloo process groups of 1 and 2 (no Ray: the loop's
+step, strategies and gathers are the ones Ray Train runs), with dropout 0.1, SAN's negative dropout 0.2, two length
+buckets, and the objective each kind trains with."""
+
+import os
+import socket
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch.multiprocessing as mp
+
+BATCH = 8
+WORDS = ("a man sits on a bench", "a dog runs in the park", "two kids play football on the beach", "rain falls",
+         "the cat sleeps", "a woman reads a long book about trains", "people walk down the street", "a boy eats")
+TEXTS = np.array(WORDS, dtype=object)
+OTHER = np.array([w.replace("a ", "the ") + " today" for w in WORDS], dtype=object)
+
+
+def _lists() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    lists, sims = np.empty(BATCH, dtype=object), np.empty(BATCH, dtype=object)
+    for i in range(BATCH):
+        n = 2 + i % 3  # lists of 2 to 4 sentences
+        lists[i] = [WORDS[(i + j) % BATCH] for j in range(n)]
+        sim = rng.uniform(-1, 1, (n, n))
+        sims[i] = ((sim + sim.T) / 2).astype(np.float32).ravel()
+    return {"sentences": lists, "teacher_sim": sims}
+
+
+ROWS = {
+    "pairs": {"text1": TEXTS, "text2": OTHER, "label": np.arange(BATCH) % 3, "similarity": np.linspace(0.05, 0.95, BATCH)},
+    "sts": {"text1": TEXTS, "text2": OTHER, "similarity": np.linspace(0.95, 0.05, BATCH)},
+    "triplets": {"text1": TEXTS, "text2": OTHER, "text_neg": np.roll(TEXTS, 3), "label": np.zeros(BATCH, int)},
+    "sentences": {"text": TEXTS},
+    "sentences_san": {"text": TEXTS, "negative": np.array([o if i % 3 else None for i, o in enumerate(OTHER)],
+                                                          dtype=object)},
+    "lists": _lists(),
+    "triples": {"head": TEXTS, "tail": OTHER, "negative": np.roll(OTHER, 2), "relation_id": np.arange(BATCH) % 2},
+}
+OBJECTIVES = {"pairs": {"rank_margin": 1.0, "gated_angle": 1.0, "angle_ibn": 1.0},
+              "sts": {"cosent": 1.0, "angle_ibn": 1.0, "angle": 1.0}, "triplets": {"infonce": 1.0},
+              "sentences": {"infonce": 1.0}, "sentences_san": {"hince": 1.0}, "lists": {"listmle": 1.0},
+              "triples": {"relational": 1.0}}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    kind: str
+    chunk: int = 4
+    cached: bool = False
+    strategy: str = "ddp"
+    zero: int = 2
+    accum: int = 1
+    model: str = "bert"  # or "qlora": a tiny 4-bit causal LM with LoRA and gradient checkpointing
+    seed: int = 7
+    name: str = field(init=False, default="")
+
+    def __post_init__(self):
+        object.__setattr__(self, "name", f"{self.kind} {self.strategy}{self.zero if self.strategy != 'ddp' else ''} "
+                                         f"chunk {self.chunk} accum {self.accum} {self.model}"
+                                         f"{' cached' if self.cached else ''} seed {self.seed}")
+
+
+class _MemoryRows:
+    """training.rows.CorpusRows' interface over rows in memory."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def take(self, index):
+        return {k: v[np.asarray(index)] for k, v in self.rows.items()}
+
+
+def _model(scenario: Scenario):
+    from encoders.backbone import build_encoder
+    from encoders.sources import resolve_model_source
+
+    if scenario.model == "qlora":
+        import torch
+
+        torch.manual_seed(0)  # the LoRA adapters' initialisation
+        return build_encoder(resolve_model_source("tiny:qwen2"), pooling="last_token", quantization="nf4",
+                             lora={"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": "all-linear"},
+                             gradient_checkpointing=True, padding_side="left", max_length=32)
+    return build_encoder(resolve_model_source("tiny:bert"), dropout=0.1, max_length=32)
+
+
+def one_step(scenario: Scenario, rank: int, world: int) -> tuple[float, float]:
+    """Step 1's loss and global gradient norm (before clipping) on this worker."""
+    import torch
+
+    from jobconfig.schema import TrainerConfig
+    from objectives.composite import CompositeObjective, fields_read
+    from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, BatchContext, ModelAdditions
+    from training.kinds.triples import add_relation_table
+    from training.plan import plan_steps
+    from training.rows import MicroBatchFeed
+    from training.step import Stepper, chunked_calls
+    from training.strategy import STRATEGIES
+
+    kind, rows = TRAINING_KINDS[scenario.kind], ROWS[scenario.kind]
+    model = _model(scenario)
+    additions = ModelAdditions()
+    if kind.setup_model is not None:
+        additions = add_relation_table(model, {"relations": ["entailment", "paraphrase"], "relation_lr": 1e-2,
+                                               "init_std": 0.1}, None, seed=0)
+    model.train()
+    trainer = TrainerConfig(num_workers=world, strategy="deepspeed" if scenario.strategy == "zero" else "ddp",
+                            zero_stage=scenario.zero, global_batch_size=BATCH, grad_accum=scenario.accum,
+                            chunk_size=scenario.chunk, cache_embeddings=scenario.cached, lr=1e-3, warmup_ratio=0.0)
+    plan = plan_steps(BATCH, world=world, global_batch=BATCH, grad_accum=scenario.accum, chunk_size=scenario.chunk,
+                      max_steps=1)
+    strategy = STRATEGIES[trainer.strategy](model, trainer, plan, world, additions)
+    weights = OBJECTIVES[scenario.kind]
+    fields = tuple(sorted(fields_read(weights, kind.provides) & set(FIELD_COLUMNS)))
+    batches = BatchContext(module=strategy.module, model=model, device=torch.device("cpu"), autocast=strategy.autocast,
+                           length_buckets=2, fields=fields, negative_dropout=0.2)
+    stepper = Stepper(plan, scenario.seed, kind, batches, strategy, CompositeObjective(weights), rank,
+                      cache_embeddings=scenario.cached)
+    chunks = plan.chunks_per_micro
+    feed = MicroBatchFeed(_MemoryRows(rows), plan, scenario.seed, rank, prefetch=False,
+                          prepare=lambda micro: batches.tokenized(chunked_calls(kind, batches, micro, chunks)))
+    loss, _ = stepper(feed, 0)
+    norm = strategy.step()
+    feed.close()
+    return loss, float(norm)
+
+
+def _worker(rank: int, world: int, port: int, scenarios: list[Scenario], results) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+                       "HF_HUB_OFFLINE": "1"})
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    out = {}
+    for scenario in scenarios:
+        try:
+            out[scenario.name] = one_step(scenario, rank, world)
+        except Exception as exc:  # reported by name, not as a hung group
+            out[scenario.name] = f"{type(exc).__name__}: {exc}"
+            break
+    results.put((rank, out))
+    results.close()
+    results.join_thread()
+    dist.destroy_process_group()
+
+
+def run_group(world: int, scenarios: list[Scenario]) -> dict[str, tuple[float, float]]:
+    """Every scenario on a gloo group of ``world`` processes; rank 0's (loss, gradient norm) by scenario name, after
+    checking every rank reports the same."""
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    workers = [context.Process(target=_worker, args=(r, world, port, scenarios, results)) for r in range(world)]
+    for w in workers:
+        w.start()
+    got = dict(results.get(timeout=600) for _ in workers)
+    for w in workers:
+        w.join(timeout=60)
+    for name, value in got[0].items():
+        assert not isinstance(value, str), f"{name}: {value}"
+        assert all(got[r][name] == pytest.approx(value, rel=1e-6) for r in got), name  # every rank the same
+    return got[0]
+
+
+KINDS = sorted(ROWS)
+ONE = [Scenario(k) for k in KINDS] + [
+    Scenario("pairs", chunk=8),  # other chunks, other masks: what the equality below would miss if chunks were ignored
+    Scenario("pairs", seed=8),
+    Scenario("pairs", chunk=2, accum=2, cached=True),
+]
+TWO = [Scenario(k) for k in KINDS] + [Scenario(k, cached=True) for k in KINDS] + [
+    Scenario("pairs", chunk=2, accum=2, cached=True),
+    Scenario("pairs", strategy="zero", zero=2), Scenario("pairs", strategy="zero", zero=2, cached=True),
+    Scenario("triples", strategy="zero", zero=2), Scenario("triples", strategy="zero", zero=2, cached=True),
+    Scenario("sentences_san", strategy="zero", zero=3),
+    Scenario("sentences_san", strategy="zero", zero=3, cached=True),
+    Scenario("pairs", chunk=2, model="qlora"), Scenario("pairs", chunk=2, model="qlora", cached=True),
+]
+
+
+@pytest.fixture(scope="module")
+def steps():
+    with tempfile.TemporaryDirectory() as scratch:
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", scratch)
+        return {1: run_group(1, ONE), 2: run_group(2, TWO)}
+
+
+def _same(a: tuple[float, float], b: tuple[float, float], what: str) -> None:
+    assert a[0] == pytest.approx(b[0], rel=1e-5), f"loss, {what}"
+    assert a[1] == pytest.approx(b[1], rel=1e-5), f"gradient norm, {what}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_worker_equals_two_with_dropout_on(steps, kind):
+    _same(steps[1][Scenario(kind).name], steps[2][Scenario(kind).name], f"{kind}: 1 worker x 2 chunks = 2 x 1")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cached_embeddings_equal_the_direct_step(steps, kind):
+    _same(steps[2][Scenario(kind, cached=True).name], steps[2][Scenario(kind).name], f"{kind} on 2 workers")
+
+
+@pytest.mark.parametrize("direct, cached", [
+    (Scenario("pairs", strategy="zero", zero=2), Scenario("pairs", strategy="zero", zero=2, cached=True)),
+    (Scenario("triples", strategy="zero", zero=2), Scenario("triples", strategy="zero", zero=2, cached=True)),
+    (Scenario("sentences_san", strategy="zero", zero=3), Scenario("sentences_san", strategy="zero", zero=3, cached=True)),
+    (Scenario("pairs", chunk=2, model="qlora"), Scenario("pairs", chunk=2, model="qlora", cached=True)),
+], ids=["zero-2", "zero-2 relation table", "zero-3 san", "qlora checkpointed"])
+def test_cached_embeddings_equal_the_direct_step_under_each_strategy(steps, direct, cached):
+    _same(steps[2][cached.name], steps[2][direct.name], cached.name)
+
+
+def test_deepspeed_trains_what_ddp_trains(steps):
+    for kind in ("pairs", "triples"):
+        _same(steps[2][Scenario(kind, strategy="zero", zero=2).name], steps[2][Scenario(kind).name], kind)
+    _same(steps[2][Scenario("sentences_san", strategy="zero", zero=3).name], steps[2][Scenario("sentences_san").name],
+          "zero-3")
+
+
+def test_accumulated_cached_micro_batches_are_exact_on_two_workers(steps):
+    scenario = Scenario("pairs", chunk=2, accum=2, cached=True)
+    _same(steps[1][scenario.name], steps[2][scenario.name], scenario.name)
+
+
+def test_the_comparison_sees_dropout_masks(steps):
+    """Another chunking or another seed draws other masks: the losses above differ by far more than 1e-5 when masks do."""
+    base = steps[1][Scenario("pairs").name]
+    for other in (Scenario("pairs", chunk=8), Scenario("pairs", seed=8)):
+        assert abs(steps[1][other.name][0] - base[0]) > 1e-3 * abs(base[0]), other.name
