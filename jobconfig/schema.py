@@ -84,7 +84,7 @@ class TrainerConfig(Section):
     grad_clip: float | None = Field(1.0, gt=0, description="max gradient norm; null disables")
     bf16: bool = Field(False, description="bf16 autocast of the encoder forward; weights, gradients, checkpoints and "
                        "exports stay fp32 under DDP and DeepSpeed alike")
-    length_buckets: int = Field(2, ge=1, description="forward passes per micro-batch over its texts grouped by length "
+    length_buckets: int = Field(2, ge=1, description="forward passes per chunk over its texts grouped by length "
                                 "(each padded to its own longest text); 1 = one pass")
     seed: int = Field(42, description="seeds Python, NumPy, torch and the data order")
     cpus_per_worker: float = Field(0.5, gt=0, description="fractional on CPU so Ray Data readers never starve")

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from objectives._common import cosine_matrix, pair_cosine
 from objectives.rank_margin import cosent_loss
+from objectives.tiled import Exclusion, tiled_cross_entropy
 
 
 def angle_similarity(e1: torch.Tensor, e2: torch.Tensor) -> torch.Tensor:
@@ -99,6 +100,36 @@ def angle_ibn_loss(
     logits = logits.masked_fill(duplicate, float("-inf"))
     targets = torch.arange(n, device=logits.device)
     return F.cross_entropy(logits[positive], targets[positive])
+
+
+def angle_ibn_share(
+    e1: torch.Tensor,
+    e2: torch.Tensor,
+    positive: torch.Tensor,
+    rows: slice,
+    *,
+    tau: float = 20.0,
+    ids1: torch.Tensor | None = None,
+    ids2: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """This worker's share of ``angle_ibn_loss``: the positive anchors among ``rows`` against every second sentence of
+    the global batch, in tiles (objectives.tiled), with the same duplicates left out; summed and divided by the
+    number of positive anchors in the whole batch, so the shares of workers that split the rows sum to the loss."""
+    positive = positive.bool()
+    anchors = torch.arange(rows.start, rows.stop, device=e1.device)[positive[rows]]
+    if not bool(positive.any()):
+        return e1.sum() * 0.0
+    exclusions = []
+    if ids2 is not None:
+        exclusions.append(Exclusion(ids2[anchors], ids2))  # the anchor's own positive text
+    if ids1 is not None and ids2 is not None:
+        exclusions.append(Exclusion(ids1[anchors], ids2))  # the anchor's own text: a swapped duplicate pair
+    if ids1 is not None:
+        exclusions.append(Exclusion(ids1[anchors], ids1, positive))  # the positive of an anchor with the same text
+    scales = torch.full((e2.shape[0],), float(tau), device=e1.device)
+    losses = tiled_cross_entropy(F.normalize(e1[anchors], dim=-1), F.normalize(e2, dim=-1), scales, anchors,
+                                 exclusions=tuple(exclusions))
+    return losses.sum() / positive.sum()
 
 
 def angle_composite_loss(

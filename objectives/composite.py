@@ -3,24 +3,30 @@ weighted composite built from config: ``{weights: {name: w}, <name>: {param: val
 
 A component reads what it needs from an ``EmbeddingBatch`` (the gathered, global batch), so the
 training loop builds one batch and the config alone decides what is trained.
+
+On N workers each computes its share of the loss (``CompositeObjective.__call__``): the in-batch losses only their
+own share of the anchors, against every candidate, in tiles (``ObjectiveSpec.share``: no worker holds a B x B logit
+matrix); the rank and list losses, O(B log B), their global value / N. The gathers' backward adds the shares'
+gradients up (objectives.gather).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
 from objectives._common import pair_cosine
-from objectives.angle import angle_ibn_loss, angle_loss
-from objectives.contrastive import hince_loss, infonce_loss
+from objectives.angle import angle_ibn_loss, angle_ibn_share, angle_loss
+from objectives.contrastive import hince_loss, hince_share, infonce_loss
 from objectives.gated_angle import gated_angle_loss
+from objectives.gather import sum_over_workers, summed, world_position
 from objectives.listwise import listmle_loss, refine_targets
 from objectives.rank_margin import cosent_loss, rank_margin_loss
 from objectives.references import ANGLE, COSENT, RANKED_LISTS, RAOE, RSE, SAN, SIMCSE, Reference
-from objectives.relational import relational_loss
+from objectives.relational import relational_loss, relational_share
 
 ENTAILMENT, NEUTRAL, CONTRADICTION = 0, 1, 2
 
@@ -76,6 +82,9 @@ class ObjectiveSpec:
     # Rows one optimizer step must hold: objectives that rank or contrast the rows of a step (pair ranking, angles,
     # in-batch negatives) are 0 with a gradient of 0 on one row. ListMLE ranks within each list.
     min_rows: int = 2
+    # The in-batch losses: this worker's share, from the anchors ``rows`` of the global batch (batch, params, rows);
+    # the shares of workers that split the anchors sum to ``compute``'s value, gradient included
+    share: Callable[[EmbeddingBatch, dict[str, Any], slice], torch.Tensor] | None = field(default=None, repr=False)
 
 
 def _positive_pairs(batch: EmbeddingBatch, threshold: float) -> torch.Tensor:
@@ -132,17 +141,25 @@ SPECS: dict[str, ObjectiveSpec] = {
                 tau=p["tau"], ids1=b.ids1, ids2=b.ids2,
             ),
             requires=("emb1", "emb2"), accepts=("ids1", "ids2"), either=("labels", "scores"),
+            share=lambda b, p, rows: angle_ibn_share(
+                *b.require("angle_ibn", "emb1", "emb2"), _positive_pairs(b, p["positive_threshold"]), rows,
+                tau=p["tau"], ids1=b.ids1, ids2=b.ids2,
+            ),
         ),
         ObjectiveSpec(
             "infonce", "Supervised SimCSE InfoNCE (hard negatives optional)",
             (SIMCSE,), {"tau": 0.05},
             lambda b, p: infonce_loss(*b.require("infonce", "emb1", "emb2"), b.emb_neg, negative_mask=b.neg_mask, **p),
             requires=("emb1", "emb2"), accepts=("emb_neg", "neg_mask"),
+            share=lambda b, p, rows: hince_share(*b.require("infonce", "emb1", "emb2"), b.emb_neg, rows, tau1=p["tau"],
+                                                 tau2=p["tau"], negative_mask=b.neg_mask),
         ),
         ObjectiveSpec(
             "hince", "Hierarchical InfoNCE, Eq. 2", (SAN,), {"tau1": 0.05, "tau2": 0.08},
             lambda b, p: hince_loss(*b.require("hince", "emb1", "emb2", "emb_neg"), negative_mask=b.neg_mask, **p),
             requires=("emb1", "emb2", "emb_neg"), accepts=("neg_mask",),
+            share=lambda b, p, rows: hince_share(*b.require("hince", "emb1", "emb2", "emb_neg"), rows,
+                                                 negative_mask=b.neg_mask, **p),
         ),
         ObjectiveSpec("listmle", "ListMLE on refined targets, Eq. 5-8", (RANKED_LISTS,), {"omega": 0.5, "tau": 0.05},
                       _listmle, requires=("list_emb", "list_target"), accepts=("list_mask",), min_rows=1),
@@ -154,6 +171,10 @@ SPECS: dict[str, ObjectiveSpec] = {
                 b.ids_neg, **p
             ),
             requires=("emb1", "emb2", "relation", "relation_table"), accepts=("emb_neg", "ids1", "ids2", "ids_neg"),
+            share=lambda b, p, rows: relational_share(
+                *b.require("relational", "emb1", "emb2", "relation", "relation_table"), b.emb_neg, b.ids1, b.ids2,
+                b.ids_neg, rows, **p
+            ),
         ),
     ]
 }
@@ -209,8 +230,14 @@ def check_inputs(batch: EmbeddingBatch) -> None:
                          f"{sorted(set(batch.labels.tolist()))}")
 
 
+def anchor_rows(batch: int, rank: int, world: int) -> slice:
+    """The anchors whose in-batch losses worker ``rank`` computes: its consecutive share of the batch."""
+    return slice(batch * rank // world, batch * (rank + 1) // world)
+
+
 class CompositeObjective:
-    """sum_k w_k L_k(batch); components with weight 0 are skipped. Returns (total, {name: value})."""
+    """sum_k w_k L_k(batch); components with weight 0 are skipped. Returns (this worker's share of the total, for
+    backward; {name: value} of the whole batch). On one process the share is the total (``total`` of the parts)."""
 
     def __init__(self, weights: dict[str, float], params: dict[str, dict[str, Any]] | None = None):
         params = params or {}
@@ -221,9 +248,20 @@ class CompositeObjective:
 
     def __call__(self, batch: EmbeddingBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         check_inputs(batch)
-        parts = self.parts(batch)
-        total = sum(self.weights[n] * parts[n] for n in parts)
-        return total, parts
+        rank, world = world_position()
+        if batch.relation_table is not None:  # read on every worker: its gradient summed, not averaged, over them
+            batch = replace(batch, relation_table=sum_over_workers(batch.relation_table))
+        anchors = next((len(t) for t in (batch.emb1, batch.list_emb) if t is not None), 0)
+        rows = anchor_rows(anchors, rank, world)
+        shares = {n: SPECS[n].share(batch, self.params[n], rows) if SPECS[n].share is not None
+                  else SPECS[n].compute(batch, self.params[n]) / world for n in self.weights}
+        share = sum(self.weights[n] * shares[n] for n in shares)
+        parts = dict(zip(shares, summed(torch.stack([v.detach() for v in shares.values()]))))  # one all-reduce
+        return share, parts
+
+    def total(self, parts: dict[str, torch.Tensor]) -> float:
+        """The weighted loss of the whole batch from its parts."""
+        return float(sum(self.weights[n] * float(parts[n]) for n in parts))
 
     def parts(self, batch: EmbeddingBatch) -> dict[str, torch.Tensor]:
         """Each component's unweighted value (no input checks: the driver probes which fields they read)."""

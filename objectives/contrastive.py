@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from objectives._common import cosine_matrix
+from objectives.tiled import tiled_cross_entropy
 
 
 def infonce_loss(
@@ -69,3 +70,30 @@ def hince_loss(
         logits = torch.cat([logits, negatives], dim=1)
     targets = torch.arange(anchor.shape[0], device=anchor.device)
     return F.cross_entropy(logits, targets)
+
+
+def hince_share(
+    anchor: torch.Tensor,
+    positive: torch.Tensor,
+    aligned_negative: torch.Tensor | None,
+    rows: slice,
+    *,
+    tau1: float = 0.05,
+    tau2: float = 0.08,
+    negative_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """This worker's share of ``hince_loss`` (and of ``infonce_loss``: tau1 = tau2): the anchors ``rows`` of the
+    global batch against every candidate, in tiles (objectives.tiled), summed and divided by the batch size. The
+    shares of workers that split the anchors among them sum to the loss, value and gradient."""
+    batch = anchor.shape[0]
+    candidates = [F.normalize(positive, dim=-1)]
+    scales = [torch.full((batch,), 1.0 / tau1, device=anchor.device)]
+    valid = [torch.ones(batch, dtype=torch.bool, device=anchor.device)]
+    if aligned_negative is not None:
+        candidates.append(F.normalize(aligned_negative, dim=-1))
+        scales.append(torch.full((aligned_negative.shape[0],), 1.0 / tau2, device=anchor.device))
+        valid.append(negative_mask.bool() if negative_mask is not None else torch.ones_like(valid[0]))
+    targets = torch.arange(rows.start, rows.stop, device=anchor.device)
+    losses = tiled_cross_entropy(F.normalize(anchor[rows], dim=-1), torch.cat(candidates), torch.cat(scales), targets,
+                                 torch.cat(valid))
+    return losses.sum() / batch

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from objectives._common import cosine_matrix
+from objectives.tiled import Exclusion, tiled_cross_entropy
 
 
 def relational_loss(
@@ -52,6 +53,40 @@ def relational_loss(
         logits = torch.cat([logits, negative_logits], dim=1)
     targets = torch.arange(head.shape[0], device=head.device)
     return F.cross_entropy(logits, targets)
+
+
+def relational_share(
+    head: torch.Tensor,
+    tail: torch.Tensor,
+    relation: torch.Tensor,
+    relation_table: torch.Tensor,
+    hard_negative: torch.Tensor | None,
+    head_ids: torch.Tensor | None,
+    tail_ids: torch.Tensor | None,
+    negative_ids: torch.Tensor | None,
+    rows: slice,
+    *,
+    tau: float = 0.05,
+) -> torch.Tensor:
+    """This worker's share of ``relational_loss``: the triples ``rows`` against every tail and hard negative of the
+    global batch, in tiles (objectives.tiled), with the same false negatives left out; summed and divided by the batch
+    size, so the shares of workers that split the triples among them sum to the loss."""
+    batch = head.shape[0]
+    queries = F.normalize(head[rows] + relation_table[relation[rows]], dim=-1)
+    candidates = [F.normalize(tail, dim=-1)]
+    extra = hard_negative.shape[0] if hard_negative is not None else 0
+    if hard_negative is not None:
+        candidates.append(F.normalize(hard_negative, dim=-1))
+    none = torch.full((extra,), -1, dtype=torch.long, device=head.device)  # a key no text id equals
+    exclusions = []
+    if head_ids is not None and tail_ids is not None:  # the same head or the same tail text in the batch
+        exclusions += [Exclusion(head_ids[rows], torch.cat([head_ids, none])),
+                       Exclusion(tail_ids[rows], torch.cat([tail_ids, none]))]
+    if hard_negative is not None and tail_ids is not None and negative_ids is not None:  # a negative that is tail_i
+        exclusions.append(Exclusion(tail_ids[rows], torch.cat([torch.full_like(tail_ids, -1), negative_ids])))
+    scales = torch.full((batch + extra,), 1.0 / tau, device=head.device)
+    targets = torch.arange(rows.start, rows.stop, device=head.device)
+    return tiled_cross_entropy(queries, torch.cat(candidates), scales, targets, exclusions=tuple(exclusions)).sum() / batch
 
 
 def relation_scores(head: torch.Tensor, tail: torch.Tensor, relation_table: torch.Tensor) -> torch.Tensor:

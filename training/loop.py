@@ -98,7 +98,7 @@ def train_loop_per_worker(cfg: WorkerConfig) -> None:
     objective = CompositeObjective(cfg.objective_weights, cfg.objective_params)
     evaluator, metrics_log = Evaluator(cfg.dev), MetricsLog(cfg.tracking if rank == 0 else None)
     if rank == 0:
-        _announce(cfg.plan, world, strategy.name, kind.unit, progress)
+        _announce(cfg.plan, world, strategy.name, kind.unit, progress, cfg.trainer.cache_embeddings)
     batches = BatchContext(module=strategy.module, model=model, device=device, autocast=strategy.autocast,
                            length_buckets=cfg.trainer.length_buckets, fields=cfg.fields,
                            negative_dropout=cfg.model.negative_dropout)
@@ -146,9 +146,10 @@ def _setup_model_and_strategy(cfg: WorkerConfig, kind, device, rank: int, world:
     return model, strategy, progress
 
 
-def _announce(plan: StepPlan, world: int, strategy: str, unit: str, progress: Progress) -> None:
+def _announce(plan: StepPlan, world: int, strategy: str, unit: str, progress: Progress, cached: bool) -> None:
     print(f"[raoe] {world} worker(s), {strategy}, {plan.total_steps} steps of {plan.global_batch} {unit} "
-          f"({plan.micro_batch} per worker x {plan.grad_accum} accumulation)"
+          f"({plan.micro_batch} per worker x {plan.grad_accum} accumulation, chunks of {plan.chunk_size}"
+          + (", cached embeddings)" if cached else ")")
           + (f", resuming after step {progress.step}" if progress.resumed_at is not None else ""), flush=True)
 
 

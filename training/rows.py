@@ -104,6 +104,16 @@ class CorpusRows:
         return {column: frame[column].to_numpy() for column in frame.columns}
 
 
+class InMemoryRows:
+    """``CorpusRows``' interface over columns already in memory (benchmarks and tests of the step without Ray)."""
+
+    def __init__(self, columns: dict[str, np.ndarray]):
+        self.columns = columns
+
+    def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
+        return {k: v[np.asarray(index, dtype=np.int64)] for k, v in self.columns.items()}
+
+
 @dataclass(frozen=True)
 class MicroBatch:
     rows: dict[str, np.ndarray]  # the corpus rows, as Ray Data's pandas batches give them

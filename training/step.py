@@ -73,8 +73,8 @@ class Stepper:
             batch = feed.next(step, micro)
             self.batches.tokens.use(batch.prepared)
             run = self._cached if self.cache_embeddings else self._direct
-            loss, parts = run(batch.rows, step, micro, last_micro=micro == accum - 1)
-            loss_sum += float(loss.detach()) / accum
+            parts = run(batch.rows, step, micro, last_micro=micro == accum - 1)
+            loss_sum += self.objective.total(parts) / accum
             for k, v in parts.items():
                 parts_sum[k] = parts_sum.get(k, 0.0) + float(v.detach()) / accum
         return loss_sum, parts_sum
@@ -89,10 +89,10 @@ class Stepper:
         with self.strategy.sync_context(last_micro):
             pieces = [self._embed(c, step, micro, k) for k, c in enumerate(chunks)]
             local = {name: torch.cat([p[name] for p in pieces]) for name in pieces[0]}
-            loss, parts = self.objective(self.kind.assemble(self.batches, rows, local))
-            self.strategy.backward(loss)
+            share, parts = self.objective(self.kind.assemble(self.batches, rows, local))
+            self.strategy.backward(share)
         self.strategy.micro_step()
-        return loss, parts
+        return parts
 
     def _cached(self, rows: Rows, step: int, micro: int, last_micro: bool):
         """GradCache: embeddings without autograd, the objective's gradient with respect to them, then one backward
@@ -104,9 +104,9 @@ class Stepper:
         leaves = {name: torch.cat([p[name] for p in pieces]).requires_grad_() for name in pieces[0]}
         del pieces
         batch = self.kind.assemble(self.batches, rows, leaves)
-        loss, parts = self.objective(batch)
+        share, parts = self.objective(batch)
         direct = batch.trainable()  # parameters the objective reads itself: their gradient goes with the last chunk
-        grads = torch.autograd.grad(loss, [*leaves.values(), *direct])
+        grads = torch.autograd.grad(share, [*leaves.values(), *direct])  # the gathers' backward adds up the shares
         by_chunk = {name: torch.split(g, sizes[name]) for name, g in zip(leaves, grads)}
         direct_grads = grads[len(leaves):]
         for k, chunk in enumerate(chunks):
@@ -118,4 +118,4 @@ class Stepper:
                     surrogate = surrogate + sum((p * g).sum() for p, g in zip(direct, direct_grads))
                 self.strategy.backward(surrogate)
             self.strategy.micro_step()
-        return loss.detach(), {k: v.detach() for k, v in parts.items()}
+        return parts

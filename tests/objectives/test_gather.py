@@ -1,4 +1,5 @@
-"""Two gloo processes on halves of a batch compute exactly the one-process loss and gradient."""
+"""Two gloo processes on parts of a batch, each computing its share of the loss (the in-batch losses on its share of
+the anchors, tiled), give exactly the one-process loss and gradient."""
 
 import socket
 
@@ -27,18 +28,20 @@ def make_problem():
 def loss_and_grads(encoder, x1, x2, scores, labels, gather):
     e1, e2 = gather(encoder(x1)), gather(encoder(x2))
     batch = EmbeddingBatch(emb1=e1, emb2=e2, scores=scores, labels=labels)
-    loss, _ = CompositeObjective(WEIGHTS, {"rank_margin": {"margin": 1}})(batch)
-    loss.backward()
-    return loss.detach(), [p.grad.clone() for p in encoder.parameters()]
+    objective = CompositeObjective(WEIGHTS, {"rank_margin": {"margin": 1}})
+    share, parts = objective(batch)
+    share.backward()
+    return objective.total(parts), [p.grad.clone() for p in encoder.parameters()]
 
 
 def worker(rank, port, out):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     encoder, x1, x2, scores, labels = make_problem()
     lo, hi = sum(SPLIT[:rank]), sum(SPLIT[: rank + 1])
-    scores_all = gather_no_grad(scores[lo:hi])
-    labels_all = gather_no_grad(labels[lo:hi])
-    loss, grads = loss_and_grads(encoder, x1[lo:hi], x2[lo:hi], scores_all, labels_all, gather_with_grad)
+    scores_all = gather_no_grad(scores[lo:hi], SPLIT)
+    labels_all = gather_no_grad(labels[lo:hi], SPLIT)
+    loss, grads = loss_and_grads(encoder, x1[lo:hi], x2[lo:hi], scores_all, labels_all,
+                                 lambda t: gather_with_grad(t, SPLIT))
     for grad in grads:  # what DDP does: mean of the workers' gradients
         dist.all_reduce(grad)
         grad /= 2
@@ -59,7 +62,7 @@ def test_two_workers_match_one_worker_exactly(tmp_path):
     for rank in range(2):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert torch.equal(got["scores"], scores) and torch.equal(got["labels"], labels)
-        assert got["loss"].item() == pytest.approx(want_loss.item(), rel=1e-12)
+        assert got["loss"] == pytest.approx(want_loss, rel=1e-12)
         for g, w in zip(got["grads"], want_grads):
             torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
 

@@ -67,16 +67,6 @@ class Scenario:
                                          f"{' cached' if self.cached else ''} seed {self.seed}")
 
 
-class _MemoryRows:
-    """training.rows.CorpusRows' interface over rows in memory."""
-
-    def __init__(self, rows):
-        self.rows = rows
-
-    def take(self, index):
-        return {k: v[np.asarray(index)] for k, v in self.rows.items()}
-
-
 def _model(scenario: Scenario):
     from encoders.backbone import build_encoder
     from encoders.sources import resolve_model_source
@@ -100,7 +90,7 @@ def one_step(scenario: Scenario, rank: int, world: int) -> tuple[float, float]:
     from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, BatchContext, ModelAdditions
     from training.kinds.triples import add_relation_table
     from training.plan import plan_steps
-    from training.rows import MicroBatchFeed
+    from training.rows import InMemoryRows, MicroBatchFeed
     from training.step import Stepper, chunked_calls
     from training.strategy import STRATEGIES
 
@@ -124,7 +114,7 @@ def one_step(scenario: Scenario, rank: int, world: int) -> tuple[float, float]:
     stepper = Stepper(plan, scenario.seed, kind, batches, strategy, CompositeObjective(weights), rank,
                       cache_embeddings=scenario.cached)
     chunks = plan.chunks_per_micro
-    feed = MicroBatchFeed(_MemoryRows(rows), plan, scenario.seed, rank, prefetch=False,
+    feed = MicroBatchFeed(InMemoryRows(rows), plan, scenario.seed, rank, prefetch=False,
                           prepare=lambda micro: batches.tokenized(chunked_calls(kind, batches, micro, chunks)))
     loss, _ = stepper(feed, 0)
     norm = strategy.step()

@@ -1,7 +1,7 @@
 """Exact resume: a Ray Train worker process SIGKILLed from outside mid-run (max_failures > 0) costs only time.
 The run ends on the configured step with the same weights and the same last loss as an uninterrupted run, with
 gradient accumulation, an epoch whose rows the global batch does not divide (120 rows, 32 per step), resume
-points inside an epoch, and dropout on (masks are drawn from seed, step, micro-batch and rank), for DDP and
+points inside an epoch, and dropout on (masks are drawn from seed, step and chunk), for DDP and
 DeepSpeed."""
 
 import threading

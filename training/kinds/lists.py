@@ -98,10 +98,12 @@ def lists_batch(ctx: BatchContext, rows: dict[str, np.ndarray], local: dict[str,
     into [lists, longest, d] the same way on every worker."""
     lists = [list(sentences) for sentences in rows["sentences"]]
     device = ctx.device
-    lengths = gather_no_grad(torch.tensor([len(x) for x in lists], device=device)).tolist()
+    counts = gather_no_grad(torch.tensor([len(x) for x in lists], device=device))  # every worker holds as many lists
+    by_worker = counts.view(-1, len(lists))
+    lengths = counts.tolist()
     flat = np.concatenate([np.asarray(t, dtype=np.float32) for t in rows["teacher_sim"]])
-    targets = gather_no_grad(torch.from_numpy(flat).to(device))
-    emb = list(torch.split(gather_with_grad(local["sentences"]), lengths))
+    targets = gather_no_grad(torch.from_numpy(flat).to(device), sizes=(by_worker ** 2).sum(dim=1).tolist())
+    emb = list(torch.split(gather_with_grad(local["sentences"], sizes=by_worker.sum(dim=1).tolist()), lengths))
     matrices = [t.view(n, n) for t, n in zip(torch.split(targets, [n * n for n in lengths]), lengths)]
     longest = max(lengths)
     target = torch.zeros(len(lengths), longest, longest, device=device)
