@@ -1,14 +1,14 @@
 """The exact large batch: memory and time as the global batch grows, with and without cached embeddings, and the
 tiled in-batch losses against the dense ones.
 
-  python benchmarks/batch_scale.py [--batches 64 256 1024 4096] [--chunk 32] [--losses 4096 16384 65536]
-                                   [--dense-max 16384] [--quick]
+  python benchmarks/batch_scale.py [--batches 64 256 1024 4096] [--chunk 32] [--direct-max 1024]
+                                   [--losses 4096 16384 65536] [--dense-max 16384] [--quick]
 
 1. **Memory per worker against the global batch.** The MiniLM student (max length 48) on STS-B train pairs, the
    AnglE objective (CoSENT + in-batch negatives + angle), 2 DDP workers (gloo processes, one torch thread each), one
    warm-up step then one timed step, through the training loop's own ``Stepper``: direct (every chunk's activations
    held until one backward) and cached (``trainer.cache_embeddings``), chunks of ``--chunk`` rows. Peak RSS per
-   worker over the process's life, and the model-loaded RSS before the first step.
+   worker during the two steps (the kernel's high-water mark, reset once the model is loaded), and the RSS then.
 2. **The in-batch losses at large B.** InfoNCE + AnglE's in-batch negatives on random 384-d embeddings gathered over
    2 workers: each worker's tiled share (objectives.tiled) against the former dense form (every worker the whole
    B x B logits), forward and backward, time and the process's peak RSS (the dense form as far as memory allows).
@@ -37,7 +37,21 @@ WORKERS, DIM = 2, 384
 OBJECTIVE = {"cosent": 1.0, "angle_ibn": 1.0, "angle": 1.0}
 
 
+def _reset_peak() -> None:
+    """Start the process's peak RSS (VmHWM) again from its current RSS (Linux), so the peak is the steps' own."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
 def _peak_mb() -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
 
 
@@ -89,6 +103,7 @@ def train_steps(rank: int, port: int, batch: int, chunk: int, cached: bool, out)
     feed = MicroBatchFeed(InMemoryRows(rows), plan, 42, rank, prefetch=False,
                           prepare=lambda micro: batches.tokenized(chunked_calls(kind, batches, micro, chunks)))
     loaded = _rss_mb()
+    _reset_peak()
     times, losses = [], []
     for step in range(2):
         started = time.perf_counter()
@@ -114,6 +129,7 @@ def loss_step(rank: int, port: int, batch: int, form: str, out) -> None:
     e1, e2 = (torch.randn(local, DIM, generator=g, requires_grad=True) for _ in range(2))
     labels = torch.randint(0, 3, (local,), generator=g)
     before = _rss_mb()
+    _reset_peak()
     started = time.perf_counter()
     b = EmbeddingBatch(emb1=gather_with_grad(e1), emb2=gather_with_grad(e2), labels=gather_no_grad(labels))
     params = {"infonce": {"tau": 0.05}, "angle_ibn": {"tau": 20.0, "positive_threshold": 0.8}}
@@ -149,21 +165,39 @@ def _mb(x: float) -> str:
     return f"{x:,.0f} MB"
 
 
+def render() -> None:
+    """The report again from the saved results (``--render``)."""
+    import json
+
+    from benchmarks.common import RESULTS
+
+    saved = json.loads((RESULTS / "batch_scale.json").read_text())
+    args = argparse.Namespace(chunk=saved["chunk"])
+    report(args, saved["training"], saved["losses"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[64, 256, 1024, 4096])
     parser.add_argument("--chunk", type=int, default=32)
     parser.add_argument("--losses", type=int, nargs="+", default=[4096, 16384, 65536])
     parser.add_argument("--dense-max", type=int, default=16384, help="largest B the dense form is run at")
+    parser.add_argument("--direct-max", type=int, default=1024, help="largest global batch the direct (uncached) step "
+                        "is run at: at 4,096 it would hold about 16 GB of activations per worker here")
     parser.add_argument("--quick", action="store_true", help="batches 64 256, losses 4096 8192 (minutes)")
+    parser.add_argument("--render", action="store_true", help="write the report again from the saved results")
     args = parser.parse_args()
+    if args.render:
+        return render()
     if args.quick:
-        args.batches, args.losses, args.dense_max = [64, 256], [4096, 8192], 8192
+        args.batches, args.losses, args.dense_max, args.direct_max = [64, 256], [4096, 8192], 8192, 256
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     training = []
     for batch in args.batches:
         for cached in (False, True):
+            if not cached and batch > args.direct_max:
+                continue
             print(f"[batch_scale] student, global batch {batch}, {'cached' if cached else 'direct'}", flush=True)
             ranks = _group(train_steps, batch, args.chunk, cached)
             training.append({"batch": batch, "cached": cached, "peak_mb": max(r["peak_mb"] for r in ranks),
@@ -213,13 +247,14 @@ def report(args, training: list[dict], losses: list[dict]) -> None:
         lines.append(f"| {t['batch']:,} | {'cached' if t['cached'] else 'direct'} | {_mb(t['peak_mb'])} | "
                      f"{_mb(t['loaded_mb'])} | {t['step_s']:.2f} s | {t['losses'][0]:.6f} |")
     by = {(t["batch"], t["cached"]): t for t in training}
-    small, large = min(args.batches), max(args.batches)
     lines += [""]
     for cached in (False, True):
-        if (small, cached) in by and (large, cached) in by:
+        ran = sorted(b for b, c in by if c == cached)
+        if len(ran) > 1:
+            small, large = ran[0], ran[-1]
             lines.append(f"- {'Cached' if cached else 'Direct'}: peak at {large:,} is "
                          f"{by[large, cached]['peak_mb'] / by[small, cached]['peak_mb']:.2f}x the peak at {small:,}.")
-    for batch in args.batches:
+    for batch in sorted({b for b, _ in by}):
         if (batch, False) in by and (batch, True) in by:
             ratio = by[batch, True]["step_s"] / by[batch, False]["step_s"]
             lines.append(f"- B = {batch:,}: the cached step takes {ratio:.2f}x the direct step's time; step-1 losses "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from encoders.devices import EncoderPool
 from objectives.composite import PRESETS, SPECS
@@ -60,7 +60,10 @@ class ModelConfig(Section):
 
 
 class TrainerConfig(Section):
-    num_workers: int = Field(1, ge=1, description="Ray Train workers")
+    num_workers: int | tuple[int, int] = Field(1, description="Ray Train workers; [min, max] trains elastically "
+                                               "(DDP): a run that loses workers goes on with fewer, down to min, and "
+                                               "grows back towards max when Ray can place them, on the same global "
+                                               "batches (exact: see chunk_size)")
     strategy: Literal["ddp", "deepspeed"] = Field("ddp", description="DDP (torch backend) or DeepSpeed ZeRO")
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage")
     global_batch_size: int = Field(512, ge=1, description="rows (pairs, sentences, lists) per optimizer step over all "
@@ -99,6 +102,31 @@ class TrainerConfig(Section):
                                                        "too), or the latest ones when the run has no dev set")
     storage_path: OutputPath = Field("raoe_runs", validate_default=True, description="Ray Train storage for checkpoints "
                                      "(local path, s3://, gs://); relative: see output_dir")
+
+    @field_validator("num_workers")
+    @classmethod
+    def _workers(cls, workers: int | tuple[int, int]) -> int | tuple[int, int]:
+        low, high = (workers, workers) if isinstance(workers, int) else workers
+        if low < 1 or high < low:
+            raise ValueError("must be a count >= 1, or [min, max] with 1 <= min <= max (elastic)")
+        return workers
+
+    @model_validator(mode="after")
+    def _elastic_strategy(self) -> "TrainerConfig":
+        if self.elastic and self.strategy != "ddp":
+            raise ValueError(f"trainer.num_workers {list(self.num_workers)} (elastic) needs trainer.strategy ddp: a "
+                             f"DeepSpeed checkpoint's ZeRO partitions belong to one worker count (DeepSpeed's "
+                             f"universal checkpoints are not supported here)")
+        return self
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.num_workers, tuple) and self.num_workers[0] != self.num_workers[1]
+
+    @property
+    def worker_range(self) -> tuple[int, int]:
+        """(min, max) workers; equal unless elastic."""
+        return (self.num_workers, self.num_workers) if isinstance(self.num_workers, int) else tuple(self.num_workers)
 
 
 class DataConfig(Section):

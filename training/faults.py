@@ -24,3 +24,33 @@ class KillWorkerAfterStep:
         time.sleep(5)
         print(f"[raoe] fault injection: killing worker {rank} (pid {os.getpid()}) after step {step}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class ShrinkAfterStep:
+    """Elastic runs: after ``step`` the last worker has a placeholder actor claim ``cpus`` of the cluster for
+    ``hold_s`` seconds (queued until the group frees them), then SIGKILLs its own process, once: Ray Train restarts
+    the group with the workers that still fit."""
+
+    step: int
+    cpus: float
+    hold_s: float = 120.0
+
+    def __call__(self, *, step: int, rank: int, world: int, resumed: bool) -> None:
+        if resumed or step != self.step or rank != world - 1:
+            return
+        import ray
+
+        placeholder = ray.remote(num_cpus=self.cpus)(_Placeholder).options(lifetime="detached").remote()
+        placeholder.hold.remote(self.hold_s)
+        time.sleep(5)  # as KillWorkerAfterStep: the controller collects the last report first
+        print(f"[raoe] fault injection: {self.cpus} CPUs claimed, killing worker {rank} after step {step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _Placeholder:
+    def hold(self, seconds: float) -> None:
+        import ray
+
+        time.sleep(seconds)
+        ray.actor.exit_actor()

@@ -15,7 +15,7 @@ import json
 import random
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,8 @@ def train_loop_per_worker(cfg: WorkerConfig) -> None:
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    if world != cfg.plan.world:  # elastic: this worker group is smaller than the largest, the same global batches
+        cfg = replace(cfg, plan=cfg.plan.for_world(world))
     torch.set_num_threads(cfg.trainer.threads_per_worker or torch.get_num_threads())
     seed_everything(cfg.trainer.seed)
     device = ray.train.torch.get_device() if cfg.trainer.use_gpu else torch.device("cpu")
@@ -177,6 +179,7 @@ def _train(run: _Run, feed: MicroBatchFeed, progress: Progress) -> None:
         progress.step += 1
         step, elapsed = progress.step, time.perf_counter() - started
         metrics = {"train_loss": loss, "grad_norm": grad_norm, "lr": strategy.lr(), "data_wait_s": feed.take_wait(),
+                   "workers": run.world,  # an elastic run's group size over time
                    **{f"grad_norm/{k}": v for k, v in strategy.watched_norms.items()},
                    **{f"loss/{k}": v for k, v in parts.items()},
                    "pairs_per_second": plan.global_batch * (step - (progress.resumed_at or 0)) / max(elapsed, 1e-9)}

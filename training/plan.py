@@ -20,7 +20,7 @@ takes the entries of its own micro-batch, so its memory does not grow with the c
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -58,6 +58,12 @@ class StepPlan:
         """The place in its step of worker ``rank``'s chunk ``chunk`` of micro-batch ``micro``: the same chunk of
         rows has the same index on any worker count."""
         return (micro * self.world + rank) * self.chunks_per_micro + chunk
+
+    def for_world(self, world: int) -> "StepPlan":
+        """The same steps on ``world`` workers (elastic training): the same global batches in the same chunks, each
+        worker's share of them resized."""
+        micro, _ = batch_shape(self.global_batch, world, self.grad_accum, self.chunk_size)
+        return replace(self, world=world, micro_batch=micro)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -120,6 +126,23 @@ def batch_shape(global_batch: int, world: int, grad_accum: int = 1, chunk_size: 
             f"({world} x {grad_accum}) = {micro}"
         )
     return micro, chunk
+
+
+def elastic_chunk(global_batch: int, workers: tuple[int, int], grad_accum: int = 1,
+                  chunk_size: int | None = None) -> int:
+    """The chunk size of a run on ``workers`` (min, max): ``chunk_size``, or unset a worker's micro-batch at max;
+    ValueError naming the keys unless it divides each worker's micro-batch at every count from min to max (the
+    workers of a step must hold whole chunks: the same chunks, so the same masks, on any of those counts)."""
+    low, high = workers
+    _, chunk = batch_shape(global_batch, high, grad_accum, chunk_size)
+    for world in range(low, high + 1):
+        try:
+            batch_shape(global_batch, world, grad_accum, chunk)
+        except ValueError as exc:
+            raise ValueError(f"trainer.num_workers [{low}, {high}] (elastic) may run on {world} workers: {exc}"
+                             + ("" if chunk_size else f" (trainer.chunk_size unset: {chunk}, a worker's micro-batch "
+                                                      f"on {high})")) from None
+    return chunk
 
 
 def plan_steps(rows: int, *, world: int, global_batch: int, grad_accum: int = 1, chunk_size: int | None = None,

@@ -28,7 +28,7 @@ from tracking.model_registry import REGISTERED, log_and_register, run_for_name
 from training.checkpoints import storage_failure
 from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, DataKind
 from training.loop import DEV_METRIC, MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
-from training.plan import batch_shape, plan_steps
+from training.plan import elastic_chunk, plan_steps
 from training.rows import CorpusBlocks, content_ordered
 from training.worker_config import DevSet, WorkerConfig
 
@@ -139,10 +139,10 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
         with ray_session():
             corpus, report, extras = _training_data(cfg, pre, Path(cfg.output_dir) / run_name / "quarantine.jsonl")
             rows = corpus.rows
-            plan = plan_steps(rows, world=cfg.trainer.num_workers,
-                              global_batch=cfg.trainer.global_batch_size, grad_accum=cfg.trainer.grad_accum,
-                              chunk_size=cfg.trainer.chunk_size, epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
-                              warmup_ratio=cfg.trainer.warmup_ratio)
+            t = cfg.trainer
+            plan = plan_steps(rows, world=t.worker_range[1], global_batch=t.global_batch_size, grad_accum=t.grad_accum,
+                              chunk_size=elastic_chunk(t.global_batch_size, t.worker_range, t.grad_accum, t.chunk_size),
+                              epochs=t.epochs, max_steps=t.max_steps, warmup_ratio=t.warmup_ratio)
             print(f"[raoe] {cfg.stage}: {rows} {pre.kind.unit}, {plan.total_steps} steps "
                   f"({plan.steps_per_epoch} per epoch), run {run_name!r}" + (" (resumed)" if resumed else ""), flush=True)
             worker_config = _worker_config(cfg, pre, plan, corpus, extras, run_name, run_id, after_step)
@@ -163,7 +163,7 @@ def preflight(cfg: TrainJobConfig) -> Preflight:
     kind, needed = choose_kind(cfg)
     check_batch_fits(cfg.objective.weights, cfg.trainer.global_batch_size)
     t = cfg.trainer
-    batch_shape(t.global_batch_size, t.num_workers, t.grad_accum, t.chunk_size)  # the divisibility rules, by key
+    elastic_chunk(t.global_batch_size, t.worker_range, t.grad_accum, t.chunk_size)  # divisibility rules, by key
     if kind.name == "lists":  # the teacher-scoring actor's GPUs, which a local Ray without them never gives
         gpus_wanted_here({"posttrain.teacher_gpus": cfg.posttrain.teacher_gpus})
     if not cfg.data.train and kind.load is None:
@@ -251,13 +251,17 @@ def _fit(cfg: TrainJobConfig, worker_config: WorkerConfig, run_name: str, callba
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    t = cfg.trainer
+    if t.elastic and t.max_failures == 0:
+        print(f"[raoe] trainer.num_workers {list(t.num_workers)} is elastic but trainer.max_failures is 0: a lost "
+              f"worker ends the run instead of going on with fewer", flush=True)
     trainer = TorchTrainer(
         # No Ray Data iterator per worker: each maps the content-ordered blocks (worker_config.corpus) and takes its
         # rows by index (training/plan.py), so the rows of a step do not depend on how Ray Data hands out blocks.
         train_loop_per_worker, train_loop_config=worker_config,
         torch_config=TorchConfig(backend="nccl" if cfg.trainer.use_gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(
-            num_workers=cfg.trainer.num_workers, use_gpu=cfg.trainer.use_gpu,
+            num_workers=tuple(t.num_workers) if t.elastic else t.worker_range[0], use_gpu=t.use_gpu,
             resources_per_worker=None if cfg.trainer.use_gpu else {"CPU": cfg.trainer.cpus_per_worker},
         ),
         run_config=ray.train.RunConfig(

@@ -52,8 +52,10 @@ def test_defaults_are_the_papers():
     [
         ("trainer.num_wrkers=2", "unknown key 'trainer.num_wrkers'; did you mean 'trainer.num_workers'"),
         ("trainer.strategy=horovod", "trainer.strategy: Input should be 'ddp' or 'deepspeed' (got 'horovod')"),
-        ("trainer.num_workers=two", "trainer.num_workers: Input should be a valid integer"),
-        ("trainer.num_workers=0", "trainer.num_workers: Input should be greater than or equal to 1"),
+        ("trainer.num_workers=two", "trainer.num_workers.int: Input should be a valid integer"),
+        ("trainer.num_workers=0", "trainer.num_workers: Value error, must be a count >= 1"),
+        ("trainer.num_workers=[2, 1]", "with 1 <= min <= max (elastic)"),
+        ("trainer.num_workers=[1, 2]\ntrainer.strategy=deepspeed", "(elastic) needs trainer.strategy ddp"),
         ("model.pooling=max", "model.pooling: Input should be 'mean', 'cls' or 'last_token'"),
         ("objective.weights.rank_marginn=1", "unknown objective(s) ['rank_marginn']"),
         ("objective.rank_margin.margn=3", "unknown key 'objective.rank_margin.margn'; did you mean"),
@@ -63,7 +65,7 @@ def test_defaults_are_the_papers():
 )
 def test_bad_overrides_name_the_key_and_the_allowed_values(override, message):
     with pytest.raises(ConfigError) as exc:
-        load_config(Job, None, [override])
+        load_config(Job, None, override.split("\n"))
     assert message in str(exc.value)
 
 

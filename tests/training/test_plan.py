@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from training.plan import permuted, plan_steps
+from training.plan import elastic_chunk, permuted, plan_steps
 
 
 def test_steps_split_the_global_batch_over_workers_and_accumulation():
@@ -88,3 +88,19 @@ def test_a_chunk_has_one_place_in_its_step_on_any_worker_count():
                     c = plan.chunk_index(micro, rank, k)
                     assert rows[k * 4:(k + 1) * 4].tolist() == step_rows[c * 4:(c + 1) * 4].tolist()
     assert plan_steps(64, world=2, global_batch=32).chunk_size == 16  # unset: a worker's micro-batch
+
+
+def test_an_elastic_run_keeps_its_chunks_on_every_worker_count():
+    """[1, 4] workers: the chunk is fixed, so every count from 1 to 4 holds whole chunks, and a smaller group's plan
+    takes the same rows in the same chunks. Unset, it is a worker's micro-batch at the largest count."""
+    assert elastic_chunk(24, (1, 2), 1) == 12
+    with pytest.raises(ValueError, match=r"\[1, 4\] \(elastic\) may run on 3 workers.*chunk_size unset: 12"):
+        elastic_chunk(48, (1, 4), 1)  # 4 chunks of 12 do not split among 3 workers
+    chunk = elastic_chunk(48, (1, 4), 1, chunk_size=4)
+    big = plan_steps(96, world=4, global_batch=48, chunk_size=chunk, max_steps=2)
+    for world in (1, 2, 3):
+        small = big.for_world(world)
+        assert (small.world, small.micro_batch, small.chunk_size) == (world, 48 // world, 4)
+        taken = np.concatenate([small.micro_rows(7, 1, 0, r) for r in range(world)])
+        assert taken.tolist() == np.concatenate([big.micro_rows(7, 1, 0, r) for r in range(4)]).tolist()
+        assert small.chunk_index(0, world - 1, small.chunks_per_micro - 1) == 11  # the step's last chunk
