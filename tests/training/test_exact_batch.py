@@ -1,6 +1,6 @@
 """The exact global batch with dropout on: chunks are seeded by their place in the step, so 1 worker and 2 workers
 give the same step-1 loss and gradient norm for every kind of data; cached embeddings (GradCache) give the loss and
-gradient norm of the direct step under DDP, ZeRO-2, ZeRO-3 and checkpointed QLoRA.
+gradient norm of the direct step under DDP, ZeRO 0-3, bf16 autocast and checkpointed QLoRA.
 
 One optimizer step of training.step's Stepper per scenario, in gloo process groups of 1 and 2 (no Ray: the loop's
 step, strategies and gathers are the ones Ray Train runs), with dropout 0.1, SAN's negative dropout 0.2, two length
@@ -58,13 +58,15 @@ class Scenario:
     zero: int = 2
     accum: int = 1
     model: str = "bert"  # or "qlora": a tiny 4-bit causal LM with LoRA and gradient checkpointing
+    bf16: bool = False  # trainer.bf16: the encoder under bf16 autocast
     seed: int = 7
     name: str = field(init=False, default="")
 
     def __post_init__(self):
         object.__setattr__(self, "name", f"{self.kind} {self.strategy}{self.zero if self.strategy != 'ddp' else ''} "
                                          f"chunk {self.chunk} accum {self.accum} {self.model}"
-                                         f"{' cached' if self.cached else ''} seed {self.seed}")
+                                         f"{' cached' if self.cached else ''}{' bf16' if self.bf16 else ''} "
+                                         f"seed {self.seed}")
 
 
 def _model(scenario: Scenario):
@@ -103,7 +105,8 @@ def one_step(scenario: Scenario, rank: int, world: int) -> tuple[float, float]:
     model.train()
     trainer = TrainerConfig(num_workers=world, strategy="deepspeed" if scenario.strategy == "zero" else "ddp",
                             zero_stage=scenario.zero, global_batch_size=BATCH, grad_accum=scenario.accum,
-                            chunk_size=scenario.chunk, cache_embeddings=scenario.cached, lr=1e-3, warmup_ratio=0.0)
+                            chunk_size=scenario.chunk, cache_embeddings=scenario.cached, lr=1e-3, warmup_ratio=0.0,
+                            bf16=scenario.bf16)
     plan = plan_steps(BATCH, world=world, global_batch=BATCH, grad_accum=scenario.accum, chunk_size=scenario.chunk,
                       max_steps=1)
     strategy = STRATEGIES[trainer.strategy](model, trainer, plan, world, additions)
@@ -177,6 +180,9 @@ TWO = [Scenario(k) for k in KINDS] + [Scenario(k, cached=True) for k in KINDS] +
     Scenario("sentences_san", strategy="zero", zero=3),
     Scenario("sentences_san", strategy="zero", zero=3, cached=True),
     Scenario("pairs", chunk=2, model="qlora"), Scenario("pairs", chunk=2, model="qlora", cached=True),
+    Scenario("pairs", strategy="zero", zero=0, cached=True), Scenario("pairs", strategy="zero", zero=1, cached=True),
+    Scenario("sts", bf16=True), Scenario("sts", bf16=True, cached=True),
+    Scenario("sts", strategy="zero", zero=2, bf16=True, cached=True),
 ]
 
 
@@ -207,7 +213,12 @@ def test_cached_embeddings_equal_the_direct_step(steps, kind):
     (Scenario("triples", strategy="zero", zero=2), Scenario("triples", strategy="zero", zero=2, cached=True)),
     (Scenario("sentences_san", strategy="zero", zero=3), Scenario("sentences_san", strategy="zero", zero=3, cached=True)),
     (Scenario("pairs", chunk=2, model="qlora"), Scenario("pairs", chunk=2, model="qlora", cached=True)),
-], ids=["zero-2", "zero-2 relation table", "zero-3 san", "qlora checkpointed"])
+    (Scenario("pairs"), Scenario("pairs", strategy="zero", zero=0, cached=True)),
+    (Scenario("pairs"), Scenario("pairs", strategy="zero", zero=1, cached=True)),
+    (Scenario("sts", bf16=True), Scenario("sts", bf16=True, cached=True)),
+    (Scenario("sts", bf16=True), Scenario("sts", strategy="zero", zero=2, bf16=True, cached=True)),
+], ids=["zero-2", "zero-2 relation table", "zero-3 san", "qlora checkpointed", "zero-0", "zero-1", "bf16",
+        "bf16 zero-2"])
 def test_cached_embeddings_equal_the_direct_step_under_each_strategy(steps, direct, cached):
     _same(steps[2][cached.name], steps[2][direct.name], cached.name)
 
