@@ -82,8 +82,8 @@ def train_steps(rank: int, port: int, batch: int, chunk: int, cached: bool, out)
     from objectives.composite import CompositeObjective
     from training.kinds import TRAINING_KINDS, BatchContext
     from training.plan import plan_steps
-    from training.rows import InMemoryRows, MicroBatchFeed
-    from training.step import Stepper, chunked_calls
+    from training.rows import InMemoryRows
+    from training.step import Stepper
     from training.strategy import STRATEGIES
 
     _start(rank, port)
@@ -99,9 +99,7 @@ def train_steps(rank: int, port: int, batch: int, chunk: int, cached: bool, out)
     batches = BatchContext(module=strategy.module, model=model, device=torch.device("cpu"), length_buckets=2,
                            fields=("scores",))
     stepper = Stepper(plan, 42, kind, batches, strategy, CompositeObjective(OBJECTIVE), rank, cache_embeddings=cached)
-    chunks = plan.chunks_per_micro
-    feed = MicroBatchFeed(InMemoryRows(rows), plan, 42, rank, prefetch=False,
-                          prepare=lambda micro: batches.tokenized(chunked_calls(kind, batches, micro, chunks)))
+    feed = stepper.feed(InMemoryRows(rows), prefetch=False)
     loaded = _rss_mb()
     _reset_peak()
     times, losses = [], []

@@ -116,9 +116,9 @@ def angle_ibn_share(
     the global batch, in tiles (objectives.tiled), with the same duplicates left out; summed and divided by the
     number of positive anchors in the whole batch, so the shares of workers that split the rows sum to the loss."""
     positive = positive.bool()
-    anchors = torch.arange(rows.start, rows.stop, device=e1.device)[positive[rows]]
     if not bool(positive.any()):
         return e1.sum() * 0.0
+    anchors = torch.arange(rows.start, rows.stop, device=e1.device)[positive[rows]]
     exclusions = []
     if ids2 is not None:
         exclusions.append(Exclusion(ids2[anchors], ids2))  # the anchor's own positive text

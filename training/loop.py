@@ -33,7 +33,7 @@ from training.kinds import TRAINING_KINDS, BatchContext, ModelAdditions
 from training.plan import StepPlan
 from training.readiness import Readiness
 from training.rows import CorpusRows, MicroBatchFeed
-from training.step import Stepper, chunked_calls
+from training.step import Stepper
 from training.strategy import STRATEGIES
 from training.worker_config import DevSet, WorkerConfig
 
@@ -107,9 +107,7 @@ def train_loop_per_worker(cfg: WorkerConfig) -> None:
     stepper = Stepper(cfg.plan, cfg.trainer.seed, kind, batches, strategy, objective, rank,
                       cache_embeddings=cfg.trainer.cache_embeddings)
     run = _Run(cfg, stepper, strategy, evaluator, metrics_log, rank, world)
-    chunks = cfg.plan.chunks_per_micro
-    feed = MicroBatchFeed(rows, cfg.plan, cfg.trainer.seed, rank, prefetch=cfg.prefetch,
-                          prepare=lambda micro: batches.tokenized(chunked_calls(kind, batches, micro, chunks)))
+    feed = stepper.feed(rows, prefetch=cfg.prefetch)
     try:
         _train(run, feed, progress)
     finally:

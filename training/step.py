@@ -28,6 +28,7 @@ from objectives.composite import CompositeObjective
 from training.kinds import BatchContext, DataKind
 from training.kinds.base import Embeddings
 from training.plan import StepPlan
+from training.rows import MicroBatchFeed
 
 Rows = dict[str, np.ndarray]
 
@@ -64,6 +65,14 @@ class Stepper:
     objective: CompositeObjective
     rank: int
     cache_embeddings: bool = False
+
+    def feed(self, rows, prefetch: bool) -> MicroBatchFeed:
+        """This worker's micro-batches from ``rows`` (training.rows.CorpusRows or InMemoryRows), each tokenised chunk
+        by chunk as this step encodes them (ahead, in a thread, with ``prefetch``)."""
+        chunks = self.plan.chunks_per_micro
+        return MicroBatchFeed(rows, self.plan, self.seed, self.rank, prefetch=prefetch,
+                              prepare=lambda micro: self.batches.tokenized(
+                                  chunked_calls(self.kind, self.batches, micro, chunks)))
 
     def __call__(self, feed, step: int) -> tuple[float, dict[str, float]]:
         """Every micro-batch of optimizer step ``step``; returns its mean loss and per-objective parts."""

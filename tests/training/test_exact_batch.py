@@ -92,8 +92,8 @@ def one_step(scenario: Scenario, rank: int, world: int) -> tuple[float, float]:
     from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, BatchContext, ModelAdditions
     from training.kinds.triples import add_relation_table
     from training.plan import plan_steps
-    from training.rows import InMemoryRows, MicroBatchFeed
-    from training.step import Stepper, chunked_calls
+    from training.rows import InMemoryRows
+    from training.step import Stepper
     from training.strategy import STRATEGIES
 
     kind, rows = TRAINING_KINDS[scenario.kind], ROWS[scenario.kind]
@@ -116,9 +116,7 @@ def one_step(scenario: Scenario, rank: int, world: int) -> tuple[float, float]:
                            length_buckets=2, fields=fields, negative_dropout=0.2)
     stepper = Stepper(plan, scenario.seed, kind, batches, strategy, CompositeObjective(weights), rank,
                       cache_embeddings=scenario.cached)
-    chunks = plan.chunks_per_micro
-    feed = MicroBatchFeed(InMemoryRows(rows), plan, scenario.seed, rank, prefetch=False,
-                          prepare=lambda micro: batches.tokenized(chunked_calls(kind, batches, micro, chunks)))
+    feed = stepper.feed(InMemoryRows(rows), prefetch=False)
     loss, _ = stepper(feed, 0)
     norm = strategy.step()
     feed.close()
