@@ -32,3 +32,14 @@ def building(target: Path):
         os.rename(staging, target)
     except OSError:  # another process finished first
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def save_weights(model, folder: Path) -> None:
+    """``model.save_pretrained(folder)`` on whichever process calls it. transformers 5 writes nothing on a rank other
+    than 0 of an initialised torch.distributed group (``should_save_on_this_rank``), and a model cache is built by
+    whichever worker gets there first: a rank-1 build left a cached model without its config and weights."""
+    model.should_save_on_this_rank = lambda is_main_process=True: True
+    model.save_pretrained(folder)
+    if not (Path(folder) / "config.json").exists():
+        raise ModelSourceError(f"saving {type(model).__name__} to {folder} wrote no config.json")
+

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from encoders.cache import ModelSourceError, building, cache_root
+from encoders.cache import ModelSourceError, building, cache_root, save_weights
 from encoders.tiny import build_tiny_model
 
 
@@ -77,7 +77,7 @@ def _smollm2() -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     with building(target) as staging:
-        model.save_pretrained(staging)
+        save_weights(model, staging)
         tokenizer.save_pretrained(staging)
     return target
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from encoders.cache import ModelSourceError, building, cache_root
+from encoders.cache import ModelSourceError, building, cache_root, save_weights
 
 WORDS = (
     "a an the of to in on at for with by from and or but not no is are was were be been has have had do does "
@@ -86,7 +86,7 @@ def build_tiny_model(kind: str = "bert") -> Path:
     seeds = {"bert": 0, "bert-alt": 1, "qwen2": 2, "bert-mlm": 3, "qwen2-lm": 4, "qwen2-writer": 5}
     if kind not in seeds:
         raise ModelSourceError(f"unknown tiny model 'tiny:{kind}'; known: {['tiny:' + k for k in seeds]}")
-    target = cache_root() / "models" / f"tiny-{kind}-v2"  # v2: a tokenizer that knows its words
+    target = cache_root() / "models" / f"tiny-{kind}-v3"  # v3: never a rank-1 build without weights (save_weights)
     if (target / ".complete").exists():
         return target
     import torch
@@ -101,7 +101,9 @@ def build_tiny_model(kind: str = "bert") -> Path:
         Qwen2Model,
     )
 
-    with building(target) as staging:
+    # fork_rng: building (on whichever process finds no cache) must not move the caller's random state, or what a
+    # caller seeds next (LoRA adapters) would depend on whether the model was cached
+    with torch.random.fork_rng(), building(target) as staging:
         # transformers 5 takes the vocabulary itself (a vocab_file argument is ignored: every word became [UNK])
         vocab = {w: i for i, w in enumerate(dict.fromkeys(_vocab()))}
         BertTokenizer(vocab=vocab, do_lower_case=True).save_pretrained(staging)
@@ -116,11 +118,11 @@ def build_tiny_model(kind: str = "bert") -> Path:
             model = (Qwen2ForCausalLM if lm else Qwen2Model)(config)
             if kind == "qwen2-writer":
                 _fit_writer(model, AutoTokenizer.from_pretrained(staging))
-            model.save_pretrained(staging)
+            save_weights(model, staging)
             return target
         config = BertConfig(
             vocab_size=len(_vocab()), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=64, max_position_embeddings=128,
         )
-        (BertForMaskedLM if kind == "bert-mlm" else BertModel)(config).save_pretrained(staging)
+        save_weights((BertForMaskedLM if kind == "bert-mlm" else BertModel)(config), staging)
     return target
