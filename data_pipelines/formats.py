@@ -18,10 +18,11 @@ from data_pipelines.records import (
     sentence_record,
     sts_record,
     triple_record,
+    triplet_record,
 )
 
 Row = dict[str, Any]
-CORPUS_KINDS = ("pairs", "sts", "sentences", "lists", "triples")
+CORPUS_KINDS = ("pairs", "sts", "sentences", "lists", "triples", "triplets")
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,7 @@ SPLITTABLE: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
     "sentences": {"txt": _sentences_txt, "jsonl": lambda p, span: _records(p, sentence_record, span)},
     "lists": {"jsonl": lambda p, span: _records(p, _ranked_list, span)},
     "triples": {"jsonl": lambda p, span: _records(p, triple_record, span)},
+    "triplets": {"triplets_jsonl": lambda p, span: _records(p, triplet_record, span)},
 }
 
 PARSERS: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
@@ -263,6 +265,8 @@ PARSERS: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
     "lists": {"jsonl": lambda p, split: _records(p, _ranked_list)},
     "triples": {"jsonl": lambda p, split: _records(p, triple_record),
                 "parquet": lambda p, split: _parquet(p, triple_record)},
+    "triplets": {"triplets_jsonl": lambda p, split: _records(p, triplet_record),
+                 "parquet": lambda p, split: _parquet(p, triplet_record)},
 }
 
 
@@ -284,6 +288,8 @@ def detect_format(kind: str, path: Path) -> str:
         return "snli_jsonl" if '"sentence1"' in first or '"gold_label"' in first else "pairs_jsonl"
     if kind == "sentences":
         return "jsonl" if suffix in (".jsonl", ".json") else "txt"
+    if kind == "triplets":
+        return "triplets_jsonl"
     return "jsonl"
 
 
@@ -298,6 +304,7 @@ FIELDS = {
     "sentences": ("text", "negative"),
     "lists": ("sentences",),
     "triples": ("head", "tail", "relation", "negative"),
+    "triplets": ("text1", "text2", "text_neg", "label", "similarity"),
 }
 
 

@@ -18,6 +18,7 @@ from data_pipelines.records import (
     sentence_record,
     sts_record,
     triple_record,
+    triplet_record,
 )
 
 HUB_PREFIX = "hf:"
@@ -29,6 +30,8 @@ COLUMNS = {
     "sentences": {"text": ("text", "sentence"), "negative": ("negative",)},
     "triples": {"head": ("head", "anchor", "sentence1"), "tail": ("tail", "positive", "sentence2"),
                 "relation": ("relation",), "negative": ("negative",)},
+    "triplets": {"text1": ("text1", "query", "anchor", "question"), "text2": ("text2", "positive", "answer"),
+                 "negative": ("negative",)},
 }
 LINE = "__raoe_line"
 
@@ -63,7 +66,7 @@ def load_hub_split(source: str, split: str | None):
 def column_map(kind: str, columns: list[str]) -> dict[str, str]:
     """Field -> the dataset's column for it; a missing required column is an error naming what was looked for."""
     if kind not in COLUMNS:
-        raise ValueError(f"hub datasets hold pairs, sts, sentences or triples, not {kind!r}")
+        raise ValueError(f"hub datasets hold pairs, sts, sentences, triples or triplets, not {kind!r}")
     found = {}
     for field, candidates in COLUMNS[kind].items():
         column = next((c for c in candidates if c in columns), None)
@@ -109,6 +112,8 @@ def hub_record(kind: str, row: dict[str, Any], columns: dict[str, str], scale: f
         return sts_record(get["text1"], get["text2"], get["score"], scale=scale)
     if kind == "triples":
         return triple_record(get)
+    if kind == "triplets":
+        return triplet_record(get)
     return sentence_record(get)
 
 
@@ -117,7 +122,7 @@ def hub_rows(kind: str, source: str, split: str | None):
     import ray
 
     if kind not in COLUMNS:
-        raise ValueError(f"hub datasets hold pairs, sts, sentences or triples, not {kind!r}")
+        raise ValueError(f"hub datasets hold pairs, sts, sentences, triples or triplets, not {kind!r}")
     data = load_hub_split(source, split)
     columns = column_map(kind, data.column_names)
     scale = sts_scale(data, columns["score"]) if kind == "sts" else 1.0

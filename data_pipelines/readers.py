@@ -39,7 +39,7 @@ class DataReport:
 
 # Formats by the file names they read; a file whose suffix belongs to another group is refused before any work.
 SUFFIX_FORMATS = {(".parquet",): ("parquet",), (".csv", ".tsv"): ("csv", "stsb_csv", "senteval_sts"),
-                  (".jsonl", ".json", ".ndjson"): ("jsonl", "pairs_jsonl", "snli_jsonl")}
+                  (".jsonl", ".json", ".ndjson"): ("jsonl", "pairs_jsonl", "snli_jsonl", "triplets_jsonl")}
 
 
 def corpus_files(path: str | Path, kind: str, fmt: str) -> tuple[list[Path], str]:

@@ -116,6 +116,27 @@ def sts_record(text1: Any, text2: Any, score: Any, *, scale: float = 5.0) -> dic
             "similarity": value / scale}
 
 
+TRIPLET_NAMES = {"text1": ("text1", "query", "anchor"), "text2": ("text2", "positive"), "negative": ("negative",)}
+
+
+def triplet_record(record: dict[str, Any]) -> dict[str, Any]:
+    """{text1, text2, negative?} (or {query | anchor, positive, negative?}) -> a TRIPLETS row: a query, a relevant
+    text and an optional hard negative that must differ from the positive (mining writes these; mining reads the
+    same rows without negatives). Its label is entailment: the pair is a positive."""
+    def field(name: str) -> Any:
+        return next((record[k] for k in TRIPLET_NAMES[name] if record.get(k) is not None), None)
+
+    text1 = text_field({"text1": field("text1")}, "text1")
+    text2 = text_field({"text2": field("text2")}, "text2")
+    negative = field("negative")
+    if negative is not None:
+        negative = text_field({"negative": negative}, "negative")
+        if negative.strip() == text2.strip():
+            raise RecordError("field 'negative' equals the positive (text2)")
+    return {"text1": text1, "text2": text2, "text_neg": negative, "label": LABELS["entailment"],
+            "similarity": math.nan}
+
+
 def triple_record(record: dict[str, Any]) -> dict[str, Any]:
     """{head, tail, relation?, negative?} -> a TRIPLES row (RSE): head and tail sentences related by ``relation``
     (any name; a row without one takes its source's ``relation``); an optional in-relation hard negative that must

@@ -6,6 +6,7 @@ import numpy as np
 
 from encoders.backbone import inference_embeddings, load_encoder
 from encoders.devices import EncoderPool, actor_device, pool_resources
+from evaluation.search import normalised
 from evaluation.sts import evaluate_sts
 
 ONE_ACTOR = EncoderPool()
@@ -15,16 +16,20 @@ class SentenceEncoderActor:
     """A Ray Data ``map_batches`` callable class holding one model, loaded as training exported it (so a
     prompt template the sentence-transformers config cannot carry still applies)."""
 
-    def __init__(self, model_path: str, batch_size: int = 64, gpus: float = 0.0):
+    def __init__(self, model_path: str, batch_size: int = 64, gpus: float = 0.0, *, keep_text: bool = False,
+                 normalise: bool = False):
         import torch
 
         torch.set_num_threads(max(1, torch.get_num_threads()))
         self.model = load_encoder(model_path, device=actor_device(gpus))
-        self.batch_size = batch_size
+        self.batch_size, self.keep_text, self.normalise = batch_size, keep_text, normalise
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        emb = inference_embeddings(self.model, [str(t) for t in batch["text"]], self.batch_size)
-        return {"idx": batch["idx"], "embedding": emb.astype(np.float32)}
+        """The batch's other columns (ids) pass through; ``text`` only when asked to keep it."""
+        emb = inference_embeddings(self.model, [str(t) for t in batch["text"]], self.batch_size).astype(np.float32)
+        out = {k: v for k, v in batch.items() if k != "text" or self.keep_text}
+        out["embedding"] = normalised(emb) if self.normalise else emb
+        return out
 
 
 def ray_encode(model_path: str, sentences: list[str], *, batch_size: int = 64,

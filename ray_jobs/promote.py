@@ -1,14 +1,16 @@
-"""Promote a registered model version to the alias `champion` only if the STS suite says it is better: its
+"""Promote a registered model version to the alias `champion` only if the suite says it is better: its
 average beats the current champion's by at least `margin` and no task in `guard_tasks` drops by more than
-`tolerance`. Otherwise it becomes `challenger`. The first version becomes champion (loaded and probed, no suite
-run); a version that does not load is never promoted. Suite results are remembered per version and evaluation
-data, so a version evaluated before (by a promotion or ray_jobs/evaluate.py) is not encoded again. The decision,
-with both score tables, is the JSON line and a tag on the version.
+`tolerance`; otherwise it becomes `challenger`. The suite is the STS tasks of `eval` (Spearman x 100) and its
+retrieval tasks (`eval.retrieval`, nDCG@10 x 100, named by task): the average runs over both kinds and a guard may
+name either. The first version becomes champion (loaded and probed, no suite run); a version that does not load
+is never promoted. Suite results are remembered per version and evaluation data, so a version evaluated before (by a
+promotion or ray_jobs/evaluate.py) is not scored again, and a corpus is encoded once per model (its cached index).
+The decision, with both score tables, is the JSON line and a tag on the version.
 
   python ray_jobs/promote.py --config configs/promote/sts.yaml --set registered_model=raoe-s2 [--set version=3]
 """
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from jobconfig import parse_job_args
@@ -21,23 +23,37 @@ class PromoteJobConfig(EncoderPoolSection):
     version: int | None = Field(None, ge=1, description="candidate version; null = the latest")
     margin: float = Field(0.0, ge=0, description="the candidate's average must beat the champion's by this much")
     guard_tasks: list[str] = Field(default_factory=lambda: ["STSBenchmark"], description="tasks that must not regress")
-    tolerance: float = Field(0.5, ge=0, description="largest allowed drop on a guarded task (Spearman x100)")
+    tolerance: float = Field(0.5, ge=0, description="largest allowed drop on a guarded task (Spearman or nDCG@10, "
+                             "x100)")
     eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @model_validator(mode="after")
+    def _guards_name_suite_tasks(self):
+        known = [*self.eval.tasks, *(t.task_name for t in self.eval.retrieval)]
+        unknown = [t for t in self.guard_tasks if t not in known]
+        if unknown:
+            raise ValueError(f"guard_tasks: {unknown} not in the suite (eval.tasks and eval.retrieval names: {known})")
+        return self
 
 
 def main(cfg: PromoteJobConfig) -> dict:
     from encoders.devices import gpus_wanted_here
     from evaluation.encode import score_with_ray
+    from evaluation.retrieval_suite import evaluate_retrieval
     from runtime.local_ray import ray_session
     from runtime.tracking_store import tracking_uri
-    from tracking.promotion import evaluation_key, promote
+    from tracking.promotion import evaluation_key, promote, suite_scores
+
+    def suite(path: str) -> dict:
+        retrieval = evaluate_retrieval(path, cfg.eval.retrieval, pool=cfg.encoder_pool(), batch_size=cfg.eval.batch_size)
+        return suite_scores(score_with_ray(path, cfg.eval, pool=cfg.encoder_pool()), retrieval)
 
     tracking_uri()
     gpus_wanted_here({"gpus_per_actor": cfg.gpus_per_actor})
     with ray_session():
         result = promote(
             cfg.registered_model, cfg.version,
-            lambda path: score_with_ray(path, cfg.eval, pool=cfg.encoder_pool()),
+            suite,
             margin=cfg.margin, guard_tasks=cfg.guard_tasks, tolerance=cfg.tolerance, eval_key=evaluation_key(cfg.eval),
         )
     verdict = "PROMOTED to champion" if result["promote"] else "kept as challenger (champion unchanged)"

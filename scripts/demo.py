@@ -4,7 +4,11 @@ A local Ray head (127.0.0.1), a local MLflow store, the offline MiniLM student a
 STS from DATA_DIR (default ../shared/data):
 
   annotate (teachers score NLI pairs)  ->  evaluate student  ->  Stage 1  ->  evaluate S1
-  ->  Stage 2 (from models:/raoe-s1/<v>)  ->  evaluate S2  ->  promote S1 and S2  ->  table
+  ->  Stage 2 (from models:/raoe-s1/<v>)  ->  evaluate S2  ->  promote S1 and S2  ->  tables
+
+Each evaluation scores STS and two offline retrieval tasks in the BEIR layout built from the same data
+(scripts/make_beir_sets.py: SNLI test premises retrieving their entailments, STS-B dev sentence 1 retrieving
+sentence 2 where the pair scores at least 4).
 
 To finish in about 15 minutes on 2 cores it subsamples NLI: DEMO_NLI_PAIRS (default 1500 per SNLI split) pairs are
 annotated and trained on; Stage 2 takes all 5,749 STS-B train pairs (DEMO_STSB_PAIRS to take fewer), one epoch
@@ -25,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from runtime.local_head import VENV_BIN, LocalHead, head_env  # noqa: E402
+from scripts.make_beir_sets import make_sets  # noqa: E402
 
 TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"]
 
@@ -68,8 +73,10 @@ def main() -> None:
     env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{ROOT / 'mlflow.db'}")
     env.setdefault("RAOE_MLFLOW_ARTIFACTS", str(ROOT / "mlartifacts"))
     senteval = data / "senteval"
+    beir = make_sets(data, out / "beir")  # absolute paths: the jobs run in Ray's copy of the working dir
     evaluate = ["ray_jobs/evaluate.py", "--config", "configs/evaluate/sts.yaml", "--set", f"eval.data_dir={senteval}",
-                "--set", "eval.stsb_split=dev", "--set", "eval.batch_size=128", "--set", f"output_dir={out}/eval"]
+                "--set", "eval.stsb_split=dev", "--set", "eval.batch_size=128", "--set", f"output_dir={out}/eval",
+                "--set", f"eval.retrieval=[{', '.join(str(p) for p in beir.values())}]"]
     print(f"demo: data {data}; {nli_pairs} NLI pairs per SNLI split (subsampled to finish in ~15 min; set "
           f"DEMO_NLI_PAIRS), {stsb_pairs or 'all'} STS-B train pairs (DEMO_STSB_PAIRS)", flush=True)
     scores, steps = {}, [
@@ -124,6 +131,11 @@ def main() -> None:
                  else result["metrics"][t] - student[t] for t in TASKS]
         label = name.split()[0] + " - student"
         print(f"{label:<26}" + "".join(f"{'-' if v is None else f'{v:+.2f}':>{w}}" for v, w in zip(cells, widths)))
+    print("\nretrieval (exact search; x100): nDCG@10 / Recall@10 per task\n")
+    print(f"{'model':<26}" + "".join(f"{t:>24}" for t in beir))
+    for name, result in scores.items():
+        cells = [result["retrieval"][t] for t in beir]
+        print(f"{name:<26}" + "".join(f"{100 * c['ndcg@10']:>14.2f} / {100 * c['recall@10']:>5.2f}" for c in cells))
     print(f"\nS1: {s1['metrics']['steps']} steps, best STS-B dev "
           f"{s1['metrics']['best_stsb_dev_spearman']:.2f}; S2: {s2['metrics']['steps']} steps, best "
           f"{s2['metrics']['best_stsb_dev_spearman']:.2f}")

@@ -1,6 +1,8 @@
-"""Promotion: move the registry alias ``champion`` to a candidate version only when the STS suite says it is
+"""Promotion: move the registry alias ``champion`` to a candidate version only when the suite says it is
 better: its average beats the champion's by at least ``margin`` and no guarded task drops by more than
 ``tolerance``. Otherwise the candidate gets ``challenger``. A version that does not load is never promoted.
+The suite is the STS tasks (Spearman x 100) and the retrieval tasks (nDCG@10 x 100, by task name): the average
+runs over all of them, and a guard may name either kind.
 
 Suite results are remembered on each version (tags ``sts_results`` and ``sts_results.key``, the key naming the
 evaluation data and settings), so a version already evaluated on the same data is not encoded again; with no
@@ -23,10 +25,31 @@ RESULTS_TAG, KEY_TAG = "sts_results", "sts_results.key"
 
 
 def evaluation_key(eval_cfg) -> str:
-    """What makes two suite results comparable: the data (resolved), tasks, STS-B split and pair cap."""
+    """What makes two suite results comparable: the data (resolved), tasks, STS-B split and pair cap, and the
+    retrieval tasks."""
     spec = {"data_dir": str(Path(eval_cfg.data_dir).resolve()), "tasks": list(eval_cfg.tasks),
             "stsb_split": eval_cfg.stsb_split, "max_pairs": eval_cfg.max_pairs}
+    retrieval = getattr(eval_cfg, "retrieval", None)
+    if retrieval:
+        spec["retrieval"] = [{"source": t.source if t.source.startswith("hf:") else str(Path(t.source).resolve()),
+                              "split": t.split, "name": t.task_name, "max_queries": t.max_queries} for t in retrieval]
     return hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+RETRIEVAL_METRIC = "ndcg@10"  # what a retrieval task contributes to the suite (x 100, like Spearman x 100)
+
+
+def suite_scores(sts: dict[str, float | None], retrieval: dict[str, dict[str, float]] | None = None
+                 ) -> dict[str, float | None]:
+    """One table for promotion: each STS task, each retrieval task's nDCG@10 x 100, and their average."""
+    scores = {k: v for k, v in sts.items() if k != "avg"}
+    for task, values in (retrieval or {}).items():
+        if task in scores:
+            raise ValueError(f"retrieval task {task!r} has the name of an STS task: give it another name")
+        scores[task] = 100.0 * values[RETRIEVAL_METRIC]
+    present = [v for v in scores.values() if v is not None]
+    scores["avg"] = sum(present) / len(present) if present else None
+    return scores
 
 
 def remembered_scores(client, name: str, version, key: str | None) -> dict[str, float | None] | None:

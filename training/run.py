@@ -40,7 +40,11 @@ def choose_kind(cfg: TrainJobConfig) -> tuple[DataKind, set[str]]:
     """The kind of training data this job trains on, and the batch fields its objective reads (from the objectives'
     declared fields); refuses a config that cannot work before any Ray resource is taken."""
     name = JOB_DATA[cfg.stage]
-    if cfg.data.triplets:
+    if cfg.data.format == "triplets_jsonl":
+        if name != "pairs":
+            raise ValueError("data.format triplets_jsonl holds (query, positive, negative) rows for a stage1 job")
+        name = "mined_triplets"
+    elif cfg.data.triplets:
         if name != "pairs":
             raise ValueError("data.triplets builds SimCSE triplets from NLI pairs; it needs a stage1 (NLI) job")
         name = "triplets"

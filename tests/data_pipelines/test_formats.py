@@ -151,3 +151,20 @@ def test_a_file_read_as_spans_gives_every_record_with_its_own_line_number(tmp_pa
     assert [r for s in spans for r in parse("pairs", "pairs_jsonl", path, span=s)] == whole
     assert len(spans) > 1 or target >= path.stat().st_size
     assert sum(r["error"] is not None for r in whole) > 20  # the bad lines are there, numbered as in the file
+
+
+def test_triplets_jsonl_reads_query_positive_rows_with_or_without_a_negative(tmp_path):
+    """Mining's input ({query, positive}) and output ({text1, text2, negative}) in one kind; a negative equal to the
+    positive is a bad row that names its line."""
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"query": "q one", "positive": "p one"}\n'
+                    '{"text1": "q two", "text2": "p two", "negative": "n two"}\n'
+                    '{"anchor": "q three", "positive": "same", "negative": "same"}\n'
+                    '{"query": "q four"}\n')
+    assert detect_format("triplets", path) == "triplets_jsonl"
+    rows = list(parse("triplets", "triplets_jsonl", path))
+    assert [(r["text1"], r["text2"], r["text_neg"]) for r in rows[:2]] == [("q one", "p one", None),
+                                                                           ("q two", "p two", "n two")]
+    assert rows[0]["label"] == 0 and math.isnan(rows[0]["similarity"])
+    assert rows[2]["line"] == 3 and "equals the positive" in rows[2]["error"]
+    assert rows[3]["line"] == 4 and "missing field 'text2'" in rows[3]["error"]

@@ -109,12 +109,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _job_model(path):
-    """The config model of the job a shipped YAML is for (by folder, or by file name under tiny/)."""
+    """The config model of the job a shipped YAML is for (by folder, or by file name under tiny/ and the recipe
+    folder retrieval/)."""
     import importlib
 
     from jobconfig.schema import Stage2JobConfig, TrainJobConfig
 
-    job = path.parent.name if path.parent.name != "tiny" else path.stem
+    job = path.parent.name if path.parent.name not in ("tiny", "retrieval") else path.stem
+    if path.parent.name == "retrieval":
+        job = {"mine": "mine_negatives"}.get(job.split("-")[0], job.split("-")[0])
     job = "sweep" if job.startswith("sweep") else {"qlora": "stage1", "promote": "promote"}.get(job, job)
     if job == "sweep":
         from tuning.sweep import SweepSpec

@@ -32,6 +32,11 @@ LOSSES = {
     "hince masked": (lambda x: hince_loss(x["e1"], x["e2"], x["neg"], tau1=0.05, tau2=0.08, negative_mask=x["mask"]),
                      lambda x, rows: hince_share(x["e1"], x["e2"], x["neg"], rows, tau1=0.05, tau2=0.08,
                                                  negative_mask=x["mask"])),
+    "infonce false negatives": (
+        lambda x: hince_loss(x["e1"], x["e2"], x["neg"], tau1=0.05, tau2=0.05, anchor_ids=x["ids1"],
+                             positive_ids=x["ids2"], negative_ids=x["ids_neg"]),
+        lambda x, rows: hince_share(x["e1"], x["e2"], x["neg"], rows, tau1=0.05, tau2=0.05, anchor_ids=x["ids1"],
+                                    positive_ids=x["ids2"], negative_ids=x["ids_neg"])),
     "simcse in-batch only": (lambda x: hince_loss(x["e1"], x["e2"], None, tau1=0.05, tau2=0.05),
                              lambda x, rows: hince_share(x["e1"], x["e2"], None, rows, tau1=0.05, tau2=0.05)),
     "relational": (lambda x: relational_loss(x["e1"], x["e2"], x["relation"], x["table"], x["neg"], x["ids1"],
@@ -76,3 +81,27 @@ def test_an_excluded_candidate_never_enters_the_softmax():
     moved[5] = x["e1"][0].detach()  # an ordinary candidate, now the anchor itself
     other = angle_ibn_share(x["e1"], moved, x["positive"], slice(0, 1), ids1=x["ids1"], ids2=x["ids2"])
     assert same.item() == pytest.approx(base.item(), rel=1e-12) and abs(other.item() - base.item()) > 0.1
+
+
+def test_infonce_leaves_false_negatives_out():
+    """With text ids, InfoNCE's softmax of anchor 0 loses exactly its false negatives: the positive of row 3 (the
+    same query), of row 4 (the same positive text) and the hard negative of row 1 (text 22 is not anchor 0's
+    positive, so it stays) - checked against the cross-entropy over the remaining candidates, written out."""
+    from objectives.contrastive import infonce_loss
+
+    x = _inputs()
+    e1, e2, neg = (x[k].detach() for k in ("e1", "e2", "neg"))
+    ids1, ids2, ids_neg = x["ids1"], x["ids2"], x["ids_neg"].clone()
+    ids_neg[7] = 21  # a mined negative whose text is anchor 0's positive: a false negative for anchor 0 only
+    got = infonce_loss(e1, e2, neg, tau=0.05, anchor_ids=ids1, positive_ids=ids2, negative_ids=ids_neg)
+    cos = torch.nn.functional.cosine_similarity
+    losses = []
+    for i in range(B):
+        keep_pos = [j for j in range(B) if j == i or (ids1[j] != ids1[i] and ids2[j] != ids2[i])]
+        keep_neg = [j for j in range(B) if ids_neg[j] != ids2[i]]
+        logits = torch.stack([cos(e1[i], e2[j], dim=0) for j in keep_pos] + [cos(e1[i], neg[j], dim=0)
+                                                                              for j in keep_neg]) / 0.05
+        losses.append(torch.logsumexp(logits, 0) - logits[keep_pos.index(i)])
+    assert got.item() == pytest.approx(torch.stack(losses).mean().item(), rel=1e-12)
+    plain = infonce_loss(e1, e2, neg, tau=0.05)
+    assert abs(plain.item() - got.item()) > 1e-5  # the masks change the loss

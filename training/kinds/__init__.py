@@ -7,6 +7,7 @@ The Ray Train loop and the driver only name a kind; adding one touches this tabl
 from training.kinds.base import FIELD_COLUMNS, BatchContext, DataKind, ModelAdditions
 from training.kinds.lists import lists_batch, lists_calls, lists_embed, lists_with_teacher
 from training.kinds.text import (
+                                 mined_with_negatives,
                                  nli_to_triplets,
                                  sentences_batch,
                                  sentences_calls,
@@ -34,8 +35,11 @@ TRAINING_KINDS: dict[str, DataKind] = {
     k.name: k for k in [
         DataKind(name="pairs", corpus="pairs", provides=(*_PAIR_FIELDS, "labels"), **_PAIRS),
         DataKind(name="sts", corpus="sts", provides=_PAIR_FIELDS, **_PAIRS),
-        DataKind(name="triplets", corpus="pairs", provides=(*_PAIR_FIELDS, "labels", "emb_neg"), **_PAIRS,
+        DataKind(name="triplets", corpus="pairs", provides=(*_PAIR_FIELDS, "labels", "emb_neg", "ids_neg"), **_PAIRS,
                  unit="SimCSE triplets (premise, entailment, contradiction)", corpus_to_rows=nli_to_triplets),
+        DataKind(name="mined_triplets", corpus="triplets", provides=(*_PAIR_FIELDS, "labels", "emb_neg", "ids_neg"),
+                 **_PAIRS,
+                 unit="mined triplets (query, positive, hard negative)", corpus_to_rows=mined_with_negatives),
         DataKind(name="sentences", corpus="sentences", provides=("emb1", "emb2", "ids1", "ids2"), **_SENTENCES,
                  unit="sentences", corpus_to_rows=sentences_only),
         DataKind(name="sentences_san", corpus="sentences",

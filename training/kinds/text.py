@@ -34,11 +34,12 @@ def text_pairs_embed(ctx: BatchContext, rows: dict[str, np.ndarray]) -> dict[str
 
 def text_pairs_batch(ctx: BatchContext, rows: dict[str, np.ndarray], local: dict[str, torch.Tensor]) -> EmbeddingBatch:
     """The embeddings gathered with gradient, with the texts' ids and the fields the objective reads."""
-    text1, text2, _ = _pair_texts(rows)
+    text1, text2, negatives = _pair_texts(rows)
     return EmbeddingBatch(
         emb1=gather_with_grad(local["emb1"]), emb2=gather_with_grad(local["emb2"]),
         emb_neg=gather_with_grad(local["emb_neg"]) if "emb_neg" in local else None,
-        ids1=ctx.gather_ids(text1), ids2=ctx.gather_ids(text2), **ctx.gather_fields(rows),
+        ids1=ctx.gather_ids(text1), ids2=ctx.gather_ids(text2),
+        ids_neg=ctx.gather_ids(negatives) if negatives else None, **ctx.gather_fields(rows),
     )
 
 
@@ -88,6 +89,22 @@ def nli_to_triplets(ds, cfg, start_model: str):
     before data.max_rows, which counts triplets here: a pair subsample would break the groups."""
     ds = nli_triplets(ds).random_shuffle(seed=cfg.data.shuffle_seed or cfg.trainer.seed)
     return ds.limit(cfg.data.max_rows) if cfg.data.max_rows is not None else ds
+
+
+def _without_hard_negative(table):
+    import pyarrow.compute as pc
+
+    return pc.is_null(table["text_neg"])
+
+
+def mined_with_negatives(ds, cfg, start_model: str):
+    """Mined triplets (ray_jobs/mine_negatives.py writes them): every row must carry its hard negative, or the
+    negatives' slot of the step would hold fewer rows than its anchors."""
+    missing = count_where(ds, _without_hard_negative)
+    if missing:
+        raise ValueError(f"{missing} rows of {cfg.data.train} have no 'negative': data.format triplets_jsonl trains "
+                         "(query, positive, negative) rows; drop them or mine negatives for them")
+    return ds
 
 
 def sentences_only(ds, cfg, start_model: str):

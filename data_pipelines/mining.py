@@ -1,0 +1,245 @@
+"""Hard-negative mining on Ray Data: for (query, positive) pairs and a corpus, the corpus is encoded once into a
+cached index (evaluation.corpus_index), each query's top ``top_k`` corpus texts are found by exact search, its known
+positives (every text paired with the same query) and the query itself are dropped, and a candidate is kept only
+under a margin against the positive's score: ``score <= margin x positive score`` (relative, NV-Retriever's
+TopK-PercPos) or ``score <= positive score - margin`` (absolute). Scores come from the mining model, or from a
+teacher bi-encoder that re-scores the candidates and positives. Each pair gives up to ``negatives_per_row`` rows
+``{text1, text2, negative}``, hardest first.
+
+Reading, encoding, searching and writing run in Ray Data; the driver only sees per-batch counts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from data_pipelines.corpus_cache import corpus_key
+from data_pipelines.readers import corpus_files, load_corpus
+from encoders.devices import EncoderPool, actor_device, pool_resources
+from evaluation.corpus_index import CorpusIndex
+from evaluation.figures import pyplot, save_figure
+
+HISTOGRAM_BINS = np.linspace(-1.0, 1.0, 41)
+
+
+@dataclass(frozen=True)
+class MiningSettings:
+    """What a mining actor needs; typed, so it crosses into Ray's actors as one object."""
+
+    model_path: str
+    index_path: str
+    top_k: int = 50
+    margin: float = 0.95
+    margin_type: str = "relative"
+    negatives_per_row: int = 1
+    teacher_path: str | None = None
+    batch_size: int = 64
+    gpus: float = 0.0
+
+
+def labelled_or_plain(path: str, fmt: str) -> str:
+    """The corpus kind behind ``data.train``: NLI pairs with labels (only entailment pairs are (query, positive)
+    pairs) or plain (query, positive) rows (the ``triplets`` kind, negative optional)."""
+    if fmt in ("pairs_jsonl", "snli_jsonl", "senteval_nli", "csv"):
+        return "pairs"
+    if fmt == "triplets_jsonl" or str(path).startswith("hf:"):
+        return "triplets"
+    files, detected = corpus_files(path, "pairs", "auto")
+    if detected == "senteval_nli":
+        return "pairs"
+    if files[0].suffix.lower() in (".jsonl", ".json", ".ndjson"):
+        with open(files[0], encoding="utf-8") as f:
+            first = f.readline()
+        return "pairs" if '"label"' in first or '"gold_label"' in first else "triplets"
+    return "pairs"
+
+
+def query_positive_pairs(data_cfg, quarantine_path: Path):
+    """(Ray Dataset of text1, text2 pairs, DataReport, the data's cache key)."""
+    import pyarrow.compute as pc
+
+    kind = labelled_or_plain(data_cfg.train, data_cfg.format)
+    fmt = data_cfg.format if kind == "pairs" or data_cfg.format in ("triplets_jsonl", "parquet") else "auto"
+    ds, report = load_corpus(kind, data_cfg.train, fmt=fmt, split=data_cfg.split, max_rows=data_cfg.max_rows,
+                             shuffle_seed=data_cfg.shuffle_seed, on_bad_record=data_cfg.on_bad_record,
+                             quarantine_path=quarantine_path)
+    if kind == "pairs":  # NLI: an entailment hypothesis is its premise's positive
+        ds = ds.map_batches(lambda t: t.filter(pc.equal(t["label"], 0)), batch_format="pyarrow")
+    return ds.select_columns(["text1", "text2"]), report, _data_key(data_cfg, kind, fmt)
+
+
+def _data_key(data_cfg, kind: str, fmt: str) -> str:
+    if str(data_cfg.train).startswith("hf:"):
+        return json.dumps([data_cfg.train, data_cfg.split, data_cfg.max_rows, data_cfg.shuffle_seed])
+    files, resolved = corpus_files(data_cfg.train, kind, fmt)
+    return corpus_key(kind, files, resolved, split=data_cfg.split, max_rows=data_cfg.max_rows,
+                      shuffle_seed=data_cfg.shuffle_seed)
+
+
+def with_ids(table):
+    """Rows of a corpus get an id from their text (the same text, the same id)."""
+    import pyarrow as pa
+
+    texts = table["text"].to_pylist()
+    ids = [hashlib.sha1(t.encode("utf-8")).hexdigest()[:16] for t in texts]
+    return pa.table({"id": ids, "text": texts})
+
+
+def mining_corpus(pairs, corpus_path: str | None, corpus_fmt: str, data_key: str):
+    """(Ray Dataset of distinct (id, text), cache key): ``mining.corpus`` (sentences: txt or JSON lines with text, or
+    a BEIR folder), or the pairs' positives."""
+    if corpus_path is None:
+        texts = pairs.select_columns(["text2"]).rename_columns({"text2": "text"})
+        key = "positives of " + data_key
+    elif (Path(corpus_path) / "corpus.jsonl").exists():
+        from evaluation.retrieval_suite import corpus_dataset
+
+        texts = corpus_dataset(corpus_path).select_columns(["text"])
+        key = "beir " + str(Path(corpus_path).resolve()) + " " + str((Path(corpus_path) / "corpus.jsonl").stat().st_mtime_ns)
+    else:
+        texts, _ = load_corpus("sentences", corpus_path, fmt=corpus_fmt)
+        files, resolved = corpus_files(corpus_path, "sentences", corpus_fmt)
+        texts, key = texts.select_columns(["text"]), "sentences " + corpus_key("sentences", files, resolved)
+    distinct = texts.groupby("text").count().select_columns(["text"])
+    return distinct.map_batches(with_ids, batch_format="pyarrow"), key
+
+
+def positives_by_query(pairs):
+    """One row per distinct query with every positive it has (the known positives mining must not return)."""
+    return pairs.groupby("text1").map_groups(_collect_positives, batch_format="numpy")
+
+
+def _collect_positives(group: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    positives = sorted({str(t) for t in group["text2"]})
+    out = np.empty(1, dtype=object)
+    out[0] = positives
+    return {"text1": np.array([str(group["text1"][0])], dtype=object), "positives": out}
+
+
+class NegativeMiner:
+    """A Ray Data actor: the mining model (and teacher) loaded once, the index's shards memory-mapped."""
+
+    def __init__(self, settings: MiningSettings):
+        import torch
+
+        from encoders.backbone import load_encoder
+
+        torch.set_num_threads(max(1, torch.get_num_threads()))
+        device = actor_device(settings.gpus)
+        self.s = settings
+        self.model = load_encoder(settings.model_path, device=device)
+        self.teacher = load_encoder(settings.teacher_path, device=device) if settings.teacher_path else None
+        self.index = CorpusIndex(Path(settings.index_path))
+        self.texts = self.index.column("text")
+
+    def _embed(self, model, texts: list[str]) -> np.ndarray:
+        from encoders.backbone import inference_embeddings
+        from evaluation.search import normalised
+
+        return normalised(inference_embeddings(model, texts, self.s.batch_size))
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
+        """Mined rows of a batch of queries, then one row without a negative carrying the batch's counts."""
+        from evaluation.search import RunningTopK
+
+        queries = [str(q) for q in batch["text1"]]
+        positives = [list(p) for p in batch["positives"]]
+        q_emb = self._embed(self.model, queries)
+        widest = max(len(p) for p in positives) + 1  # room for the known positives and the query itself
+        best = RunningTopK(len(queries), min(self.s.top_k + widest, max(1, self.index.rows)))
+        for offset, shard in self.index.shards():
+            best.add(q_emb, shard, offset)
+        scores, rows = best.result()
+        scorer = self.teacher or self.model
+        q_scorer = self._embed(scorer, queries) if self.teacher else q_emb
+        flat = [p for known in positives for p in known]
+        p_scorer = np.split(self._embed(scorer, flat), np.cumsum([len(k) for k in positives])[:-1])
+        out = {k: [] for k in ("text1", "text2", "negative", "positive_score", "negative_score", "batch_stats")}
+        stats = {"pairs": 0, "without_negative": 0, "dropped_by_margin": 0}
+        for i, (query, known) in enumerate(zip(queries, positives)):
+            excluded = set(known) | {query}
+            found = [(self.texts[r], s) for r, s in zip(rows[i], scores[i]) if r >= 0 and self.texts[r] not in excluded]
+            candidates = [t for t, _ in found[: self.s.top_k]]
+            if self.teacher is not None and candidates:
+                cand_scores = self._embed(self.teacher, candidates) @ q_scorer[i]
+            else:
+                cand_scores = np.asarray([s for _, s in found[: self.s.top_k]], dtype=np.float32)
+            for positive, pos_score in zip(known, p_scorer[i] @ q_scorer[i]):
+                limit = self.s.margin * pos_score if self.s.margin_type == "relative" else pos_score - self.s.margin
+                keep = [j for j, score in enumerate(cand_scores) if score <= limit]
+                stats["pairs"] += 1
+                stats["dropped_by_margin"] += len(candidates) - len(keep)
+                stats["without_negative"] += not keep
+                for j in keep[: self.s.negatives_per_row]:
+                    for key, value in (("text1", query), ("text2", positive), ("negative", candidates[j]),
+                                       ("positive_score", float(pos_score)), ("negative_score", float(cand_scores[j])),
+                                       ("batch_stats", "")):
+                        out[key].append(value)
+        for key, value in (("text1", ""), ("text2", ""), ("negative", None), ("positive_score", np.nan),
+                           ("negative_score", np.nan), ("batch_stats", json.dumps(stats))):
+            out[key].append(value)
+        return out
+
+
+def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool, queries_per_batch: int = 256):
+    """The mined rows (with their scores and each batch's counts), materialised in the object store."""
+    import ray
+
+    return positives_by_query(pairs).materialize().map_batches(  # tasks done before the actors take the CPUs
+        NegativeMiner, fn_constructor_kwargs={"settings": settings}, batch_size=queries_per_batch,
+        compute=ray.data.ActorPoolStrategy(size=pool.actors),
+        **pool_resources(pool.cpus_per_actor, pool.gpus_per_actor)).materialize()
+
+
+def mining_report(mined) -> dict:
+    """Counts and score histograms, reduced batch by batch (a row per batch reaches the driver)."""
+    import pyarrow as pa
+
+    def reduce(table):
+        stats = [json.loads(s) for s in table["batch_stats"].to_pylist() if s]
+        written = table.filter(pa.compute.is_valid(table["negative"]))
+        pos = np.histogram(written["positive_score"].to_numpy(zero_copy_only=False), HISTOGRAM_BINS)[0]
+        neg = np.histogram(written["negative_score"].to_numpy(zero_copy_only=False), HISTOGRAM_BINS)[0]
+        return pa.table({"pairs": [sum(s["pairs"] for s in stats)],
+                         "without_negative": [sum(s["without_negative"] for s in stats)],
+                         "dropped_by_margin": [sum(s["dropped_by_margin"] for s in stats)],
+                         "written": [written.num_rows], "pos": [pos.tolist()], "neg": [neg.tolist()]})
+
+    parts = mined.map_batches(reduce, batch_format="pyarrow", batch_size=None).take_all()
+    return {"pairs_in": sum(int(p["pairs"]) for p in parts),
+            "rows_written": sum(int(p["written"]) for p in parts),
+            "rows_without_negative": sum(int(p["without_negative"]) for p in parts),
+            "candidates_dropped_by_margin": sum(int(p["dropped_by_margin"]) for p in parts),
+            "histogram": {"bins": HISTOGRAM_BINS.tolist(),
+                          "positive": np.sum([p["pos"] for p in parts], axis=0).astype(int).tolist(),
+                          "negative": np.sum([p["neg"] for p in parts], axis=0).astype(int).tolist()}}
+
+
+def write_mined(mined, output_path: str) -> None:
+    """The rows that have a negative, as JSON lines {text1, text2, negative} (a folder of files)."""
+    import pyarrow.compute as pc
+
+    rows = mined.map_batches(lambda t: t.filter(pc.is_valid(t["negative"])).select(["text1", "text2", "negative"]),
+                             batch_format="pyarrow")
+    rows.write_json(output_path)
+
+
+def plot_scores(histogram: dict, path: str | Path, title: str) -> Path:
+    """Positive against kept-negative scores: the margin shows as the gap between the two."""
+    plt = pyplot()
+
+    bins = np.asarray(histogram["bins"])
+    centres, width = (bins[:-1] + bins[1:]) / 2, bins[1] - bins[0]
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    ax.bar(centres, histogram["positive"], width=width, alpha=0.6, label="positive")
+    ax.bar(centres, histogram["negative"], width=width, alpha=0.6, label="mined negative")
+    ax.set_xlabel("score (cosine)")
+    ax.set_ylabel("rows")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return save_figure(fig, path, dpi=110)

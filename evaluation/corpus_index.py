@@ -1,0 +1,143 @@
+"""A corpus encoded once per model and corpus: unit-length embeddings in shard files, written by a Ray Data actor
+pool (on GPUs where the pool asks for them), searched shard by shard.
+
+The index of a corpus is a folder under ``RAOE_CACHE/corpus-embeddings/<key>``, the key naming the model (its
+files' sizes and times, so a retrained folder is a new model; a registry version's download folder is fixed) and
+the corpus (the caller's fingerprint of it). Each shard is ``<n>.npy`` (float32 rows, memory-mapped when read)
+and ``<n>.parquet`` (``id``, and ``text`` when kept). A second evaluation or a promotion of the same model on the
+same corpus reads the shards instead of encoding again.
+
+Reading to writing runs in Ray Data: the actors encode and write the shards; the driver only sees shard names.
+On a cluster of several nodes put ``RAOE_CACHE`` on storage every node sees (the writers run anywhere)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from encoders.cache import building, cache_root
+from encoders.devices import EncoderPool, pool_resources
+
+SHARD_ROWS = 16384  # rows per shard file: the chunk of one search step
+
+
+@dataclass(frozen=True)
+class CorpusIndex:
+    path: Path
+
+    @property
+    def meta(self) -> dict:
+        return json.loads((self.path / "meta.json").read_text())
+
+    @property
+    def rows(self) -> int:
+        return int(self.meta["rows"])
+
+    def shards(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(first row number, embeddings) of each shard, memory-mapped."""
+        offset = 0
+        for shard in self.meta["shards"]:
+            emb = np.load(self.path / f"{shard}.npy", mmap_mode="r")
+            yield offset, emb
+            offset += len(emb)
+
+    def column(self, name: str) -> list[str]:
+        """A column of the shards' tables (``id``, or ``text`` when kept), in row order."""
+        import pyarrow.parquet as pq
+
+        out: list[str] = []
+        for shard in self.meta["shards"]:
+            out.extend(pq.read_table(self.path / f"{shard}.parquet", columns=[name]).column(name).to_pylist())
+        return out
+
+
+def model_fingerprint(model_path: str) -> str:
+    """A model folder's identity: its files' relative paths, sizes and modification times (an HF id: itself)."""
+    root = Path(model_path)
+    if not root.is_dir():
+        return model_path
+    entries = sorted((str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
+                     for p in root.rglob("*") if p.is_file())
+    return hashlib.sha1(json.dumps([str(root.resolve()), entries]).encode()).hexdigest()
+
+
+def file_fingerprint(*paths: str | Path) -> str:
+    """The content of corpus files (sha1 of their bytes, streamed)."""
+    digest = hashlib.sha1()
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def index_key(model_path: str, corpus_key: str, keep_text: bool) -> str:
+    spec = {"model": model_fingerprint(model_path), "corpus": corpus_key, "text": keep_text}
+    return hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def corpus_index(corpus, model_path: str, corpus_key: str, *, pool: EncoderPool, batch_size: int = 64,
+                 keep_text: bool = False, root: str | Path | None = None) -> CorpusIndex:
+    """The index of ``corpus`` (a Ray Dataset of ``id``, ``text``) under ``model_path``: read from the cache, or
+    built by the actor pool and cached."""
+    target = Path(root or cache_root() / "corpus-embeddings") / index_key(model_path, corpus_key, keep_text)
+    if (target / "meta.json").exists():
+        print(f"corpus embeddings from the cache: {target}", flush=True)
+        return CorpusIndex(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with building(target) as staging:
+        shards = _encode_into(corpus, model_path, staging, pool=pool, batch_size=batch_size, keep_text=keep_text)
+        dims = {int(s["dim"]) for s in shards}
+        (staging / "meta.json").write_text(json.dumps({
+            "model_path": model_path, "corpus": corpus_key, "rows": int(sum(s["rows"] for s in shards)),
+            "dim": dims.pop() if dims else 0, "shards": [s["shard"] for s in shards], "text": keep_text}))
+    return CorpusIndex(target)
+
+
+def _encode_into(corpus, model_path: str, folder: Path, *, pool: EncoderPool, batch_size: int,
+                 keep_text: bool) -> list[dict]:
+    """The corpus materialised first, then straight into the actor pool, each actor writing the shards it encodes:
+    no task after the actors that would need a CPU they hold (Ray Data would wait forever on a full node)."""
+    import ray
+
+    written = corpus.materialize().map_batches(
+        ShardWriter, batch_size=SHARD_ROWS, compute=ray.data.ActorPoolStrategy(size=pool.actors),
+        fn_constructor_kwargs={"model_path": model_path, "batch_size": batch_size, "gpus": pool.gpus_per_actor,
+                               "keep_text": keep_text, "folder": str(folder)},
+        **pool_resources(pool.cpus_per_actor, pool.gpus_per_actor))
+    return sorted(written.take_all(), key=lambda s: s["shard"])
+
+
+class ShardWriter:
+    """A Ray Data actor: encodes a shard's rows (unit length) and writes its files; returns its name and size."""
+
+    def __init__(self, model_path: str, batch_size: int, gpus: float, keep_text: bool, folder: str):
+        from evaluation.encode import SentenceEncoderActor
+
+        self.encoder = SentenceEncoderActor(model_path, batch_size, gpus, keep_text=keep_text, normalise=True)
+        self.folder = folder
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
+        return write_shard(self.encoder(batch), self.folder)
+
+
+def write_shard(batch: dict[str, np.ndarray], folder: str) -> dict[str, list]:
+    """One shard's files from a batch of encoded rows (``id``, ``embedding``, ``text`` when kept)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    name = uuid.uuid4().hex
+    emb = np.ascontiguousarray(batch["embedding"], dtype=np.float32)
+    np.save(os.path.join(folder, f"{name}.npy"), emb)
+    columns = {"id": pa.array([str(i) for i in batch["id"]], pa.large_string())}
+    if "text" in batch:
+        columns["text"] = pa.array([str(t) for t in batch["text"]], pa.large_string())
+    pq.write_table(pa.table(columns), os.path.join(folder, f"{name}.parquet"))
+    return {"shard": [name], "rows": [len(emb)], "dim": [emb.shape[1] if emb.ndim == 2 else 0]}

@@ -1,0 +1,197 @@
+"""Retrieval tasks in the BEIR layout and their metrics, as BEIR reports them (pytrec_eval's definitions):
+nDCG@10 with graded gains, MRR@10, Recall@10, Recall@100 and MAP@100, each a mean over the queries that have a
+relevant document, as fractions in [0, 1].
+
+A BEIR folder holds ``corpus.jsonl`` ({_id, title, text}), ``queries.jsonl`` ({_id, text}) and
+``qrels/<split>.tsv`` (query-id, corpus-id, score; a header line; score > 0 is relevant). ``hf:<dataset>`` reads
+the same three parts from a Hugging Face dataset in the NanoBEIR / MTEB layout (configs ``corpus``, ``queries`` and
+``qrels`` or ``default``) when a hub is reachable."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from evaluation.figures import pyplot, save_figure
+
+METRICS = ("ndcg@10", "mrr@10", "recall@10", "recall@100", "map@100")
+DEPTH = 100  # documents retrieved per query: the deepest cut of METRICS
+HUB_PREFIX = "hf:"
+
+
+class BeirFormatError(ValueError):
+    """A BEIR file that cannot be read; the message names the file and line."""
+
+
+@dataclass
+class RetrievalTask:
+    """The queries and relevance judgements of one task; the corpus is read separately (it may be large)."""
+
+    name: str
+    source: str
+    query_ids: list[str]
+    query_texts: list[str]
+    qrels: dict[str, dict[str, int]]  # query id -> {corpus id: relevance > 0}
+
+
+def corpus_text(record: dict) -> str:
+    """A BEIR document as the evaluators embed it: title and text joined by a space (either may be empty)."""
+    return f"{record.get('title') or ''} {record.get('text') or ''}".strip()
+
+
+def _jsonl(path: Path, required: tuple[str, ...]):
+    if not path.exists():
+        raise BeirFormatError(f"{path}: missing (a BEIR folder holds corpus.jsonl, queries.jsonl, qrels/<split>.tsv)")
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise BeirFormatError(f"{path}:{line_no}: not JSON ({exc.msg})") from None
+            missing = [k for k in required if k not in record]
+            if missing:
+                raise BeirFormatError(f"{path}:{line_no}: missing field(s) {missing}")
+            yield record
+
+
+def read_qrels(path: Path) -> dict[str, dict[str, int]]:
+    """``query-id, corpus-id, score`` rows (tab-separated, header line optional); only score > 0 is kept."""
+    if not path.exists():
+        raise BeirFormatError(f"{path}: missing qrels file (qrels/<split>.tsv)")
+    qrels: dict[str, dict[str, int]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            parts = line.rstrip("\n").split("\t")
+            if not line.strip() or (line_no == 1 and parts[0] == "query-id"):
+                continue
+            if len(parts) < 3:
+                raise BeirFormatError(f"{path}:{line_no}: expected query-id, corpus-id, score (tab-separated)")
+            try:
+                score = int(float(parts[2]))
+            except ValueError:
+                raise BeirFormatError(f"{path}:{line_no}: score {parts[2]!r} is not a number") from None
+            if score > 0:
+                qrels.setdefault(parts[0], {})[parts[1]] = score
+    return qrels
+
+
+def read_task(source: str, split: str = "test", name: str | None = None,
+              max_queries: int | None = None) -> RetrievalTask:
+    """Queries (those with a relevant document, in file order, the first ``max_queries``) and qrels of a task."""
+    if source.startswith(HUB_PREFIX):
+        queries, qrels = _hub_queries_qrels(source.removeprefix(HUB_PREFIX), split)
+    else:
+        root = Path(source)
+        qrels = read_qrels(root / "qrels" / f"{split}.tsv")
+        queries = {str(r["_id"]): str(r["text"]) for r in _jsonl(root / "queries.jsonl", ("_id", "text"))}
+    unknown = sorted(set(qrels) - set(queries))
+    if unknown:
+        raise BeirFormatError(f"{source}: qrels/{split} names {len(unknown)} query id(s) absent from the queries, "
+                              f"e.g. {unknown[:3]}")
+    ids = [q for q in queries if q in qrels][:max_queries]
+    return RetrievalTask(name or task_name(source), source, ids, [queries[q] for q in ids],
+                         {q: qrels[q] for q in ids})
+
+
+def task_name(source: str) -> str:
+    return source.removeprefix(HUB_PREFIX).rstrip("/").split("/")[-1]
+
+
+def read_corpus(source: str):
+    """(id, text) of every document, streamed from ``corpus.jsonl`` (or the hub's ``corpus`` config)."""
+    if source.startswith(HUB_PREFIX):
+        for r in hub_part(source.removeprefix(HUB_PREFIX), "corpus"):
+            yield str(r["_id"]), corpus_text(r)
+        return
+    for r in _jsonl(Path(source) / "corpus.jsonl", ("_id", "text")):
+        yield str(r["_id"]), corpus_text(r)
+
+
+def hub_part(dataset: str, config: str):
+    from datasets import load_dataset
+
+    parts = load_dataset(dataset, config)
+    return parts[next(iter(parts))]
+
+
+def _hub_queries_qrels(dataset: str, split: str):
+    from datasets import load_dataset
+
+    queries = {str(r["_id"]): str(r["text"]) for r in hub_part(dataset, "queries")}
+    try:
+        rows = load_dataset(dataset, "qrels")  # NanoBEIR
+        rows = rows[split] if split in rows else rows[next(iter(rows))]
+    except ValueError:
+        rows = load_dataset(dataset, "default", split=split)  # MTEB
+    qrels: dict[str, dict[str, int]] = {}
+    for r in rows:
+        qid = str(r.get("query-id", r.get("query_id")))
+        did = str(r.get("corpus-id", r.get("corpus_id")))
+        score = int(r.get("score", 1))
+        if score > 0:
+            qrels.setdefault(qid, {})[did] = score
+    return queries, qrels
+
+
+# --- metrics -----------------------------------------------------------------------------------------------------
+
+def query_metrics(ranked: list[str], relevant: dict[str, int]) -> dict[str, float]:
+    """The five metrics of one query from its ranked document ids (best first, at least DEPTH when there are)."""
+    gains = [relevant.get(doc, 0) for doc in ranked[:DEPTH]]
+    hits = [g > 0 for g in gains]
+    n_relevant = sum(1 for g in relevant.values() if g > 0)
+    dcg = sum(g / math.log2(i + 2) for i, g in enumerate(gains[:10]))
+    ideal = sorted(relevant.values(), reverse=True)[:10]
+    idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
+    first = next((i for i, h in enumerate(hits[:10]) if h), None)
+    precisions, found = [], 0
+    for i, hit in enumerate(hits):
+        if hit:
+            found += 1
+            precisions.append(found / (i + 1))
+    return {"ndcg@10": dcg / idcg if idcg else 0.0,
+            "mrr@10": 0.0 if first is None else 1.0 / (first + 1),
+            "recall@10": sum(hits[:10]) / n_relevant,
+            "recall@100": sum(hits[:100]) / n_relevant,
+            "map@100": sum(precisions) / n_relevant}
+
+
+def task_metrics(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The mean of each metric over the queries."""
+    return {m: float(np.mean([q[m] for q in per_query.values()])) if per_query else 0.0 for m in METRICS}
+
+
+def score_rankings(task: RetrievalTask, ranked: dict[str, list[str]]) -> tuple[dict[str, float], dict]:
+    """(task means, per-query metrics) of ``ranked`` (query id -> document ids, best first)."""
+    per_query = {q: query_metrics(ranked.get(q, []), task.qrels[q]) for q in task.query_ids}
+    return task_metrics(per_query), per_query
+
+
+def retrieval_table(results: dict[str, dict[str, float]]) -> str:
+    """The retrieval results as a printed table (metrics x 100)."""
+    lines = [f"{'retrieval task':<24}" + "".join(f"{m:>12}" for m in METRICS)]
+    for task, values in results.items():
+        lines.append(f"{task:<24}" + "".join(f"{100 * values[m]:>12.2f}" for m in METRICS))
+    return "\n".join(lines)
+
+
+def plot_per_query(per_query: dict[str, dict[str, dict[str, float]]], path: str | Path) -> Path:
+    """One histogram of per-query nDCG@10 per task: where a mean hides queries the model never answers."""
+    plt = pyplot()
+
+    tasks = list(per_query)
+    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4.2 * max(1, len(tasks)), 3.4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        values = [q["ndcg@10"] for q in per_query[task].values()]
+        ax.hist(values, bins=np.linspace(0, 1, 21), color="tab:blue", alpha=0.8)
+        ax.set_title(f"{task}: nDCG@10 {np.mean(values) if values else 0:.3f} ({len(values)} queries)", fontsize=9)
+        ax.set_xlabel("nDCG@10 of a query")
+        ax.set_ylabel("queries")
+        ax.grid(alpha=0.3)
+    return save_figure(fig, path, dpi=110)

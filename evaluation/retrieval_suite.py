@@ -1,0 +1,99 @@
+"""The retrieval suite of one model: each task's corpus encoded by the Ray Data actor pool into a cached index,
+its queries encoded by the same pool, exact top-100 search shard by shard, BEIR's metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from encoders.devices import EncoderPool
+from evaluation.corpus_index import CorpusIndex, corpus_index, file_fingerprint
+from evaluation.retrieval import (
+    DEPTH,
+    HUB_PREFIX,
+    BeirFormatError,
+    RetrievalTask,
+    corpus_text,
+    hub_part,
+    read_task,
+    score_rankings,
+)
+from evaluation.search import RunningTopK
+
+
+def corpus_dataset(source: str):
+    """A task's corpus as a Ray Dataset of (id, text), read by Ray Data (never whole on the driver)."""
+    import ray
+
+    if source.startswith(HUB_PREFIX):
+        return ray.data.from_huggingface(hub_part(source.removeprefix(HUB_PREFIX), "corpus")).map_batches(
+            _hub_rows, batch_format="pyarrow")
+    path = Path(source) / "corpus.jsonl"
+    if not path.exists():
+        raise BeirFormatError(f"{path}: missing (a BEIR folder holds corpus.jsonl, queries.jsonl, qrels/<split>.tsv)")
+    return ray.data.read_text(str(path)).map_batches(_parse_corpus_lines, fn_kwargs={"path": str(path)})
+
+
+def _parse_corpus_lines(batch: dict[str, np.ndarray], path: str) -> dict[str, list[str]]:
+    ids, texts = [], []
+    for line in batch["text"]:
+        if not str(line).strip():
+            continue
+        try:
+            record = json.loads(line)
+            ids.append(str(record["_id"]))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise BeirFormatError(f"{path}: a line is not a JSON object with _id and text: {str(line)[:120]!r}") from None
+        texts.append(corpus_text(record))
+    return {"id": ids, "text": texts}
+
+
+def _hub_rows(table):
+    import pyarrow as pa
+
+    rows = table.to_pylist()
+    return pa.table({"id": [str(r["_id"]) for r in rows], "text": [corpus_text(r) for r in rows]})
+
+
+def corpus_key(source: str) -> str:
+    """What the cached index of a task's corpus is keyed by: the file's content, or the hub dataset's name."""
+    return source if source.startswith(HUB_PREFIX) else file_fingerprint(Path(source) / "corpus.jsonl")
+
+
+def search_index(index: CorpusIndex, query_embeddings: np.ndarray, k: int = DEPTH) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k corpus rows of each (unit-length) query embedding, shard by shard."""
+    best = RunningTopK(len(query_embeddings), min(k, max(1, index.rows)))
+    for offset, shard in index.shards():
+        best.add(query_embeddings, shard, offset)
+    return best.result()
+
+
+def evaluate_task(model_path: str, task: RetrievalTask, *, pool: EncoderPool, batch_size: int,
+                  per_query: dict | None = None) -> dict[str, float]:
+    """BEIR's five metrics of one task for one model."""
+    from evaluation.encode import ray_encode
+    from evaluation.search import normalised
+
+    print(f"retrieval {task.name}: {len(task.query_ids)} queries", flush=True)
+    index = corpus_index(corpus_dataset(task.source), model_path, corpus_key(task.source), pool=pool,
+                         batch_size=batch_size)
+    queries = normalised(ray_encode(model_path, task.query_texts, batch_size=batch_size, pool=pool))
+    _, rows = search_index(index, queries)
+    ids = np.asarray(index.column("id"), dtype=object)
+    ranked = {q: [ids[r] for r in row if r >= 0] for q, row in zip(task.query_ids, rows)}
+    means, queries_scored = score_rankings(task, ranked)
+    if per_query is not None:
+        per_query[task.name] = queries_scored
+    return means
+
+
+def evaluate_retrieval(model_path: str, tasks, *, pool: EncoderPool, batch_size: int = 64,
+                       per_query: dict | None = None) -> dict[str, dict[str, float]]:
+    """{task name: {metric: value}} for the configured tasks (each with source, split, name, max_queries)."""
+    results = {}
+    for spec in tasks:
+        task = read_task(spec.source, spec.split, spec.name, spec.max_queries)
+        results[task.name] = evaluate_task(model_path, task, pool=pool, batch_size=batch_size, per_query=per_query)
+    return results

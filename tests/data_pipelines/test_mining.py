@@ -1,0 +1,124 @@
+"""Hard-negative mining: the job's rows equal a brute-force reference (exact search over every corpus text, known
+positives and the query dropped, the margin against each positive's score, hardest first) computed here with the
+same model; its counts add up; its output trains as mined triplets."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+WORDS = ("river stone music light paper garden window winter bread horse cloud silver market ocean engine forest "
+         "candle violin desert harbor").split()
+
+
+def _mine_job():
+    sys.path.insert(0, str(ROOT / "ray_jobs"))
+    try:
+        import mine_negatives
+    finally:
+        sys.path.remove(str(ROOT / "ray_jobs"))
+    return mine_negatives
+
+
+def _pairs(rng, queries=14):
+    rows = []
+    for q in range(queries):
+        query = " ".join(rng.choice(WORDS, size=4))
+        for _ in range(1 if q % 3 else 2):  # some queries with two positives
+            rows.append({"query": query, "positive": " ".join(rng.choice(WORDS, size=int(rng.integers(3, 7))))})
+    return rows
+
+
+def _reference(model_dir, pairs, corpus, top_k, margin, margin_type, per_row):
+    from encoders.backbone import inference_embeddings, load_encoder
+    from evaluation.search import normalised
+
+    model = load_encoder(model_dir)
+    texts = sorted(set(corpus))
+    emb = normalised(inference_embeddings(model, texts))
+    known: dict[str, set] = {}
+    for r in pairs:
+        known.setdefault(r["query"], set()).add(r["positive"])
+    expected, without, dropped = set(), 0, 0
+    for query, positives in known.items():
+        q = normalised(inference_embeddings(model, [query]))[0]
+        scores = emb @ q
+        order = [i for i in np.argsort(-scores, kind="stable") if texts[i] not in positives | {query}][:top_k]
+        for positive in positives:
+            pos = float(normalised(inference_embeddings(model, [positive]))[0] @ q)
+            limit = margin * pos if margin_type == "relative" else pos - margin
+            keep = [texts[i] for i in order if scores[i] <= limit]
+            dropped += len(order) - len(keep)
+            without += not keep
+            expected |= {(query, positive, t) for t in keep[:per_row]}
+    return expected, without, dropped
+
+
+def test_mined_rows_equal_a_brute_force_reference(ray_local, tmp_path, monkeypatch, margin=0.999,
+                                                  margin_type="relative"):
+    from encoders.backbone import build_encoder, export_encoder
+    from encoders.sources import resolve_model_source
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
+    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(3)
+    pairs = _pairs(rng)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in pairs))
+    extra = [" ".join(rng.choice(WORDS, size=5)) for _ in range(30)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(extra + [r["positive"] for r in pairs]) + "\n")
+    model = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "model")
+    job = _mine_job()
+    cfg = job.MineJobConfig(data={"train": str(data)}, output_path=str(tmp_path / "mined"), cpus_per_actor=0.5,
+                            mining={"model": str(model), "corpus": str(corpus), "top_k": 40, "margin": margin,
+                                    "margin_type": margin_type, "negatives_per_row": 2, "queries_per_batch": 4},
+                            tracking={"experiment": "raoe-test"})
+    result = job.main(cfg)
+    written = [json.loads(line) for f in sorted(Path(result["output_path"]).glob("*.json*")) for line in open(f)]
+    got = {(r["text1"], r["text2"], r["negative"]) for r in written}
+    expected, without, dropped = _reference(model, pairs, extra + [r["positive"] for r in pairs], 40, margin,
+                                            margin_type, 2)
+    assert got == expected and len(written) == len(got) == result["rows_written"] > 0
+    assert result["rows_in"] == len(pairs) and result["pairs_in"] == len({(r["query"], r["positive"]) for r in pairs})
+    assert result["rows_without_negative"] == without and result["candidates_dropped_by_margin"] == dropped
+    assert sum(result["histogram"]["negative"]) == result["rows_written"]
+    assert all(r["negative"] != r["text2"] for r in written) and Path(result["plot"]).exists()
+    assert dropped > 0 and without > 0  # the margin really drops candidates here, and leaves some pairs without
+
+
+def test_nli_pairs_mine_among_their_entailments_and_train_as_mined_triplets(ray_local, tmp_path, monkeypatch):
+    """Labelled NLI pairs: only entailment pairs are (query, positive); the default corpus is their positives; an
+    absolute margin; the rows equal the brute-force reference and read back as the mined-triplets kind."""
+    from data_pipelines.readers import load_corpus
+    from encoders.sources import resolve_model_source
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
+    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+    job = _mine_job()
+    source = ROOT / "configs" / "tiny" / "data" / "nli_pairs.jsonl"
+    rows = [json.loads(line) for line in open(source)]
+    entailed = {(r["text1"], r["text2"]) for r in rows if r["label"] == "entailment"}
+    cfg = job.MineJobConfig(data={"train": str(source)}, output_path=str(tmp_path / "mined"), cpus_per_actor=0.5,
+                            mining={"model": "tiny:bert", "top_k": 40, "margin": 0.01, "margin_type": "absolute",
+                                    "negatives_per_row": 2}, tracking={"experiment": "raoe-test"})
+    result = job.main(cfg)
+    as_pairs = [{"query": q, "positive": p} for q, p in sorted(entailed)]
+    expected, without, dropped = _reference(resolve_model_source("tiny:bert"), as_pairs, [p for _, p in entailed],
+                                            40, 0.01, "absolute", 2)
+    assert result["rows_in"] == len(rows) and result["pairs_in"] == len(entailed)
+    assert result["corpus_rows"] == len({p for _, p in entailed})
+    ds, report = load_corpus("triplets", result["output_path"], fmt="triplets_jsonl")
+    mined = ds.take_all()
+    assert report.rows_written == result["rows_written"] == len(mined) > 0
+    assert {(r["text1"], r["text2"], r["text_neg"]) for r in mined} == expected
+    assert (result["rows_without_negative"], result["candidates_dropped_by_margin"]) == (without, dropped)
+    assert all((r["text1"], r["text2"]) in entailed and r["text_neg"] for r in mined)
+    positives = {}
+    for q, p in entailed:
+        positives.setdefault(q, set()).add(p)
+    assert all(r["text_neg"] not in positives[r["text1"]] for r in mined)  # never a known positive

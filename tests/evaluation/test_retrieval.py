@@ -1,0 +1,179 @@
+"""Retrieval evaluation: BEIR's metrics equal pytrec_eval's, the chunked search equals a full sort, and the Ray suite
+on a BEIR folder equals sentence-transformers' InformationRetrievalEvaluator on the same model."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evaluation.retrieval import DEPTH, BeirFormatError, RetrievalTask, read_task, score_rankings
+from evaluation.search import exact_top_k, normalised
+
+
+def _graded_task(rng, num_queries=40, num_docs=400):
+    docs = [f"d{i}" for i in range(num_docs)]
+    qrels = {}
+    for q in range(num_queries):
+        many = 130 if q == 0 else int(rng.integers(1, 8))  # one query with more relevant documents than DEPTH
+        chosen = rng.choice(num_docs, size=many, replace=False)
+        qrels[f"q{q}"] = {docs[i]: int(rng.integers(1, 4)) for i in chosen}
+    ids = list(qrels)
+    return RetrievalTask("graded", "-", ids, ids, qrels), docs
+
+
+def test_metrics_equal_pytrec_eval():
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    rng = np.random.default_rng(0)
+    task, docs = _graded_task(rng)
+    scores = rng.random((len(task.query_ids), len(docs)))  # distinct scores: no tie-breaking differences
+    ranked, run = {}, {}
+    for q, row in zip(task.query_ids, scores):
+        order = np.argsort(-row)[:DEPTH]
+        ranked[q] = [docs[i] for i in order]
+        run[q] = {docs[i]: float(row[i]) for i in order}
+    means, per_query = score_rankings(task, ranked)
+
+    evaluator = pytrec_eval.RelevanceEvaluator(task.qrels, {"ndcg_cut.10", "recall.10,100", "map_cut.100"})
+    reference = evaluator.evaluate(run)
+    top10 = {q: dict(sorted(r.items(), key=lambda kv: -kv[1])[:10]) for q, r in run.items()}
+    mrr = pytrec_eval.RelevanceEvaluator(task.qrels, {"recip_rank"}).evaluate(top10)
+    for q in task.query_ids:
+        assert per_query[q]["ndcg@10"] == pytest.approx(reference[q]["ndcg_cut_10"], abs=1e-9)
+        assert per_query[q]["recall@10"] == pytest.approx(reference[q]["recall_10"], abs=1e-9)
+        assert per_query[q]["recall@100"] == pytest.approx(reference[q]["recall_100"], abs=1e-9)
+        assert per_query[q]["map@100"] == pytest.approx(reference[q]["map_cut_100"], abs=1e-9)
+        assert per_query[q]["mrr@10"] == pytest.approx(mrr[q]["recip_rank"], abs=1e-9)
+    assert per_query["q0"]["recall@100"] < 1.0  # 130 relevant, 100 retrieved: the normalisation is exercised
+    assert means["ndcg@10"] == pytest.approx(np.mean([reference[q]["ndcg_cut_10"] for q in task.query_ids]), abs=1e-9)
+    assert 0.0 < means["ndcg@10"] < 1.0
+
+
+@pytest.mark.parametrize("chunk_rows, k", [(7, 5), (64, 100), (1000, 3)])
+def test_chunked_search_equals_a_full_sort(chunk_rows, k):
+    rng = np.random.default_rng(1)
+    corpus, queries = normalised(rng.normal(size=(300, 16))), normalised(rng.normal(size=(23, 16)))
+    corpus[17] = corpus[3]  # an exact tie: the lower row comes first
+    queries[0] = corpus[3]
+    scores, rows = exact_top_k(queries, corpus, k, chunk_rows=chunk_rows)
+    full = queries @ corpus.T
+    expected = np.argsort(-full, axis=1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(rows, expected)
+    np.testing.assert_allclose(scores, np.take_along_axis(full, expected, 1), atol=1e-6)
+    assert rows[0, 0] == 3 and rows[0, 1] == 17
+
+
+def write_beir(folder, corpus: dict[str, str], queries: dict[str, str], qrels: list[tuple[str, str, int]],
+               split="test"):
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "corpus.jsonl", "w") as f:
+        for i, (doc_id, text) in enumerate(corpus.items()):
+            f.write(json.dumps({"_id": doc_id, "title": "" if i % 2 else "t", "text": text}) + "\n")
+    with open(folder / "queries.jsonl", "w") as f:
+        for qid, text in queries.items():
+            f.write(json.dumps({"_id": qid, "text": text}) + "\n")
+    (folder / "qrels").mkdir(exist_ok=True)
+    lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{s}" for q, d, s in qrels]
+    (folder / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_reader_keeps_judged_queries_and_names_bad_lines(tmp_path):
+    folder = write_beir(tmp_path / "t", {"a": "x", "b": "y"}, {"q1": "one", "q2": "two", "q3": "three"},
+                        [("q1", "a", 1), ("q2", "b", 0), ("q3", "b", 2)])
+    task = read_task(str(folder), max_queries=5)
+    assert task.query_ids == ["q1", "q3"]  # q2 has only a non-relevant judgement
+    assert task.qrels == {"q1": {"a": 1}, "q3": {"b": 2}}
+    (folder / "queries.jsonl").write_text('{"_id": "q1", "text": "one"}\n{"_id": "q3"}\n')
+    with pytest.raises(BeirFormatError, match=r"queries.jsonl:2: missing field\(s\) \['text'\]"):
+        read_task(str(folder))
+    with pytest.raises(BeirFormatError, match="dev.tsv: missing"):
+        read_task(str(folder), split="dev")
+
+
+WORDS = ("river stone music light paper garden window winter bread horse cloud silver market ocean engine forest "
+         "candle violin desert harbor").split()
+
+
+def _random_beir(tmp_path, rng, num_docs=60, num_queries=12):
+    corpus = {f"doc{i}": " ".join(rng.choice(WORDS, size=int(rng.integers(3, 9)))) for i in range(num_docs)}
+    queries = {f"q{i}": " ".join(rng.choice(WORDS, size=4)) for i in range(num_queries)}
+    qrels = [(q, f"doc{int(d)}", 1) for q in queries for d in rng.choice(num_docs, size=int(rng.integers(1, 4)),
+                                                                         replace=False)]
+    return write_beir(tmp_path / "beir-tiny", corpus, queries, qrels), corpus, queries, qrels
+
+
+def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch):
+    """The whole path (Ray Data actors encode the corpus into cached shards, chunked top-100, BEIR metrics) against
+    sentence-transformers' evaluator on the same tiny model; a second evaluation reads the cached shards."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
+
+    from encoders.backbone import build_encoder, export_encoder
+    from encoders.devices import EncoderPool
+    from encoders.sources import resolve_model_source
+    from evaluation import corpus_index as index_module
+    from evaluation.retrieval_suite import evaluate_retrieval
+    from jobconfig.schema import RetrievalTaskConfig
+    from tests.conftest import own_ray
+
+    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(index_module, "SHARD_ROWS", 16)  # several shards: the running top-k crosses them
+    folder, corpus, queries, qrels = _random_beir(tmp_path, np.random.default_rng(2))
+    model = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "model")
+    tasks = [RetrievalTaskConfig.model_validate(str(folder))]
+    per_query: dict = {}
+    with own_ray():
+        ours = evaluate_retrieval(str(model), tasks, pool=EncoderPool(), batch_size=8, per_query=per_query)
+        index_dirs = list((tmp_path / "cache" / "corpus-embeddings").iterdir())
+        meta_time = (index_dirs[0] / "meta.json").stat().st_mtime_ns
+        again = evaluate_retrieval(str(model), tasks, pool=EncoderPool(), batch_size=8)
+    assert len(index_dirs) == 1 and len(json.loads((index_dirs[0] / "meta.json").read_text())["shards"]) >= 4
+    assert (index_dirs[0] / "meta.json").stat().st_mtime_ns == meta_time  # read from the cache, not rebuilt
+    assert again == ours
+
+    relevant: dict[str, set] = {}
+    for q, d, _ in qrels:
+        relevant.setdefault(q, set()).add(d)
+    titled = {d: f"{'' if i % 2 else 't'} {t}".strip() for i, (d, t) in enumerate(corpus.items())}
+    st = InformationRetrievalEvaluator(queries, titled, relevant, mrr_at_k=[10], ndcg_at_k=[10],
+                                       precision_recall_at_k=[10, 100], map_at_k=[100], accuracy_at_k=[1],
+                                       name="t", write_csv=False)
+    reference = st(SentenceTransformer(str(model), device="cpu"))
+    got = ours["beir-tiny"]
+    for metric, key in [("ndcg@10", "ndcg@10"), ("mrr@10", "mrr@10"), ("recall@10", "recall@10"),
+                        ("recall@100", "recall@100"), ("map@100", "map@100")]:
+        assert got[metric] == pytest.approx(reference[f"t_cosine_{key}"], abs=1e-4), metric
+    assert set(per_query["beir-tiny"]) == set(queries)
+
+
+def test_config_names_tasks_and_promotion_scores_them_next_to_sts(tmp_path):
+    from pydantic import ValidationError
+
+    from jobconfig.schema import EvalConfig
+    from tracking.promotion import evaluation_key, suite_scores
+
+    cfg = EvalConfig(retrieval=[str(tmp_path / "snli-test"), {"source": "hf:zeta-alpha-ai/NanoFiQA2018", "split": "train"}])
+    assert [t.task_name for t in cfg.retrieval] == ["snli-test", "NanoFiQA2018"]
+    with pytest.raises(ValidationError, match=r"task name\(s\) \['snli-test'\] appear twice"):
+        EvalConfig(retrieval=[str(tmp_path / "snli-test"), str(tmp_path / "other" / "snli-test")])
+    assert evaluation_key(cfg) != evaluation_key(EvalConfig())  # results on other retrieval tasks are not reused
+    assert evaluation_key(EvalConfig(retrieval=[])) == evaluation_key(EvalConfig())
+    scores = suite_scores({"STSBenchmark": 80.0, "STS12": None, "avg": 80.0}, {"snli-test": {"ndcg@10": 0.5}})
+    assert scores == {"STSBenchmark": 80.0, "STS12": None, "snli-test": 50.0, "avg": 65.0}
+
+
+def test_promotion_guards_must_name_suite_tasks():
+    from pydantic import ValidationError
+
+    jobs = str(Path(__file__).resolve().parents[2] / "ray_jobs")
+    sys.path.insert(0, jobs)
+    try:
+        import promote
+    finally:
+        sys.path.remove(jobs)
+    ok = promote.PromoteJobConfig(guard_tasks=["STSBenchmark", "snli-test"], eval={"retrieval": ["x/snli-test"]})
+    assert ok.guard_tasks == ["STSBenchmark", "snli-test"]
+    with pytest.raises(ValidationError, match=r"guard_tasks: \['nq'\] not in the suite"):
+        promote.PromoteJobConfig(guard_tasks=["nq"])
