@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ("river stone music light paper garden window winter bread horse cloud silver market ocean engine forest "
@@ -122,3 +123,17 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_mined_triplets(ray_
     for q, p in entailed:
         positives.setdefault(q, set()).add(p)
     assert all(r["text_neg"] not in positives[r["text1"]] for r in mined)  # never a known positive
+
+
+def test_mined_triplets_without_a_negative_are_refused_by_name(ray_local):
+    from types import SimpleNamespace
+
+    import ray
+
+    from training.kinds.text import mined_with_negatives
+
+    rows = ray.data.from_items([{"text1": "q", "text2": "p", "text_neg": "n"}, {"text1": "q2", "text2": "p2",
+                                                                               "text_neg": None}])
+    cfg = SimpleNamespace(data=SimpleNamespace(train="mined.jsonl"))
+    with pytest.raises(ValueError, match="1 rows of mined.jsonl have no 'negative'"):
+        mined_with_negatives(rows, cfg, "")

@@ -60,3 +60,34 @@ def test_a_one_row_batch_is_refused_for_objectives_that_compare_rows(weights, re
     if refused == "rank_margin":  # the job refuses it before any Ray resource (no Ray is running here)
         with pytest.raises(ValueError, match="trainer.global_batch_size=1 is too small for objective 'rank_margin'"):
             run_training(tiny_config(tmp_path, "one-row", "trainer.global_batch_size=1"))
+
+
+def test_mined_triplets_train_infonce_with_their_false_negatives_masked():
+    """data.format triplets_jsonl picks the mined-triplets kind; its batch carries the negatives' text ids, so a pair
+    repeated with each of its negatives does not count its own positive twice, nor a negative equal to a positive."""
+    import torch
+
+    from jobconfig.schema import TrainJobConfig
+    from objectives.composite import CompositeObjective
+    from objectives.contrastive import infonce_loss
+    from training.kinds import BatchContext
+    from training.run import choose_kind
+
+    cfg = TrainJobConfig(data={"train": "mined", "format": "triplets_jsonl"}, objective={"weights": {"infonce": 1.0}})
+    kind, read = choose_kind(cfg)
+    assert kind.name == "mined_triplets" and "ids_neg" in read
+    from encoders.backbone import build_encoder
+    from encoders.sources import resolve_model_source
+
+    model = build_encoder(resolve_model_source("tiny:bert"), dropout=0.0)
+    rows = {"text1": np.array(["a man sits", "a man sits", "a dog runs"], dtype=object),
+            "text2": np.array(["a person sits", "a person sits", "an animal runs"], dtype=object),
+            "text_neg": np.array(["a man stands", "a dog sits", "a person sits"], dtype=object),
+            "label": np.array([0, 0, 0]), "similarity": np.array([np.nan] * 3)}
+    batch = kind.build(BatchContext(model, model, torch.device("cpu"), fields=()), rows)
+    assert batch.emb_neg.shape[0] == 3 and batch.ids_neg[2] == batch.ids2[0]
+    loss = CompositeObjective({"infonce": 1.0})(batch)[0]
+    unmasked = infonce_loss(batch.emb1, batch.emb2, batch.emb_neg)
+    masked = infonce_loss(batch.emb1, batch.emb2, batch.emb_neg, anchor_ids=batch.ids1, positive_ids=batch.ids2,
+                          negative_ids=batch.ids_neg)
+    assert loss.item() == pytest.approx(masked.item(), rel=1e-5) and abs(loss.item() - unmasked.item()) > 1e-3
