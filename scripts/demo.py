@@ -10,7 +10,7 @@ Each evaluation scores STS and two offline retrieval tasks in the BEIR layout bu
 (scripts/make_beir_sets.py: SNLI test premises retrieving their entailments, STS-B dev sentence 1 retrieving
 sentence 2 where the pair scores at least 4).
 
-To finish in about 15 minutes on 2 cores it subsamples NLI: DEMO_NLI_PAIRS (default 1500 per SNLI split) pairs are
+To finish in about 21 minutes on 2 cores it subsamples NLI: DEMO_NLI_PAIRS (default 1500 per SNLI split) pairs are
 annotated and trained on; Stage 2 takes all 5,749 STS-B train pairs (DEMO_STSB_PAIRS to take fewer), one epoch
 each at batch 64, Stage 2 at lr 2e-5 (configs/stage2/minilm-stsb-cpu.yaml: the paper's 5e-5 is for batch 512 and
 is unstable here). The full-size Stage 1 config is configs/stage1/minilm-snli-cpu.yaml.
@@ -77,7 +77,7 @@ def main() -> None:
     evaluate = ["ray_jobs/evaluate.py", "--config", "configs/evaluate/sts.yaml", "--set", f"eval.data_dir={senteval}",
                 "--set", "eval.stsb_split=dev", "--set", "eval.batch_size=128", "--set", f"output_dir={out}/eval",
                 "--set", f"eval.retrieval=[{', '.join(str(p) for p in beir.values())}]"]
-    print(f"demo: data {data}; {nli_pairs} NLI pairs per SNLI split (subsampled to finish in ~15 min; set "
+    print(f"demo: data {data}; {nli_pairs} NLI pairs per SNLI split (subsampled to finish in ~21 min; set "
           f"DEMO_NLI_PAIRS), {stsb_pairs or 'all'} STS-B train pairs (DEMO_STSB_PAIRS)", flush=True)
     scores, steps = {}, [
         "annotate SNLI dev+test with the two teachers", "evaluate the student as shipped", "Stage 1 (RAOE)",
