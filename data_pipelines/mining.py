@@ -19,6 +19,7 @@ import numpy as np
 
 from data_pipelines.corpus_cache import corpus_key
 from data_pipelines.readers import corpus_files, load_corpus
+from data_pipelines.records import LABELS
 from encoders.devices import EncoderPool, actor_device, pool_resources
 from evaluation.corpus_index import CorpusIndex
 from evaluation.figures import pyplot, save_figure
@@ -68,7 +69,7 @@ def query_positive_pairs(data_cfg, quarantine_path: Path):
                              shuffle_seed=data_cfg.shuffle_seed, on_bad_record=data_cfg.on_bad_record,
                              quarantine_path=quarantine_path)
     if kind == "pairs":  # NLI: an entailment hypothesis is its premise's positive
-        ds = ds.map_batches(lambda t: t.filter(pc.equal(t["label"], 0)), batch_format="pyarrow")
+        ds = ds.map_batches(lambda t: t.filter(pc.equal(t["label"], LABELS["entailment"])), batch_format="pyarrow")
     return ds.select_columns(["text1", "text2"]), report, _data_key(data_cfg, kind, fmt)
 
 

@@ -17,6 +17,7 @@ import json
 import os
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Iterator
 
@@ -32,8 +33,8 @@ SHARD_ROWS = 16384  # rows per shard file: the chunk of one search step
 class CorpusIndex:
     path: Path
 
-    @property
-    def meta(self) -> dict:
+    @cached_property
+    def meta(self) -> dict:  # read once: every shard pass and row count consults it
         return json.loads((self.path / "meta.json").read_text())
 
     @property

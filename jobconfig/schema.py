@@ -206,7 +206,9 @@ class RetrievalTaskConfig(Section):
 
     @property
     def task_name(self) -> str:
-        return self.name or self.source.removeprefix("hf:").rstrip("/").split("/")[-1]
+        from evaluation.retrieval import task_name  # one rule for a task's default name
+
+        return self.name or task_name(self.source)
 
 
 class EvalConfig(Section):
