@@ -293,6 +293,13 @@ def detect_format(kind: str, path: Path) -> str:
     return "jsonl"
 
 
+def has_nli_labels(path: Path) -> bool:
+    """Whether a JSON-lines file's first record carries an NLI label (``label`` or SNLI's ``gold_label``): labelled
+    pairs, rather than plain (query, positive) rows."""
+    first = _first_line(path)
+    return '"label"' in first or '"gold_label"' in first
+
+
 def _first_line(path: Path) -> str:
     with open(path, "rb") as f:
         return io.TextIOWrapper(f, encoding="utf-8", errors="replace").readline()

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from data_pipelines.corpus_cache import corpus_key
+from data_pipelines.formats import has_nli_labels
 from data_pipelines.readers import corpus_files, load_corpus
 from data_pipelines.records import LABELS
 from encoders.devices import EncoderPool, actor_device, pool_resources
@@ -53,9 +54,7 @@ def labelled_or_plain(path: str, fmt: str) -> str:
     if detected == "senteval_nli":
         return "pairs"
     if files[0].suffix.lower() in (".jsonl", ".json", ".ndjson"):
-        with open(files[0], encoding="utf-8") as f:
-            first = f.readline()
-        return "pairs" if '"label"' in first or '"gold_label"' in first else "triplets"
+        return "pairs" if has_nli_labels(files[0]) else "triplets"
     return "pairs"
 
 
@@ -134,8 +133,7 @@ class NegativeMiner:
         self.s = settings
         self.model = load_encoder(settings.model_path, device=device)
         self.teacher = load_encoder(settings.teacher_path, device=device) if settings.teacher_path else None
-        self.index = CorpusIndex(Path(settings.index_path))
-        self.texts = self.index.column("text")
+        self.index = CorpusIndex(Path(settings.index_path))  # texts looked up per batch, never held whole
 
     def _embed(self, model, texts: list[str]) -> np.ndarray:
         from encoders.backbone import inference_embeddings
@@ -155,6 +153,8 @@ class NegativeMiner:
         for offset, shard in self.index.shards():
             best.add(q_emb, shard, offset)
         scores, rows = best.result()
+        distinct = np.unique(rows[rows >= 0])
+        text_of = dict(zip(distinct.tolist(), self.index.take("text", distinct)))
         scorer = self.teacher or self.model
         q_scorer = self._embed(scorer, queries) if self.teacher else q_emb
         flat = [p for known in positives for p in known]
@@ -163,7 +163,7 @@ class NegativeMiner:
         stats = {"pairs": 0, "without_negative": 0, "dropped_by_margin": 0}
         for i, (query, known) in enumerate(zip(queries, positives)):
             excluded = set(known) | {query}
-            found = [(self.texts[r], s) for r, s in zip(rows[i], scores[i]) if r >= 0 and self.texts[r] not in excluded]
+            found = [(text_of[r], s) for r, s in zip(rows[i].tolist(), scores[i]) if r >= 0 and text_of[r] not in excluded]
             candidates = [t for t, _ in found[: self.s.top_k]]
             if self.teacher is not None and candidates:
                 cand_scores = self._embed(self.teacher, candidates) @ q_scorer[i]

@@ -3,9 +3,11 @@ pool (on GPUs where the pool asks for them), searched shard by shard.
 
 The index of a corpus is a folder under ``RAOE_CACHE/corpus-embeddings/<key>``, the key naming the model (its
 files' sizes and times, so a retrained folder is a new model; a registry version's download folder is fixed) and
-the corpus (the caller's fingerprint of it). Each shard is ``<n>.npy`` (float32 rows, memory-mapped when read)
-and ``<n>.parquet`` (``id``, and ``text`` when kept). A second evaluation or a promotion of the same model on the
-same corpus reads the shards instead of encoding again.
+the corpus (the caller's fingerprint of it). Each shard is ``<n>.npy`` (float32 rows) and ``<n>.arrow`` (an
+uncompressed Arrow IPC file of ``id``, and ``text`` when kept), both memory-mapped when read: a reader looks up the
+ids or texts of the rows it found (``take``) without holding the corpus's columns, and the actors of one node
+share the pages. A second evaluation or a promotion of the same model on the same corpus reads the shards instead of
+encoding again.
 
 Reading to writing runs in Ray Data: the actors encode and write the shards; the driver only sees shard names.
 On a cluster of several nodes put ``RAOE_CACHE`` on storage every node sees (the writers run anywhere)."""
@@ -27,6 +29,7 @@ from encoders.cache import building, cache_root
 from encoders.devices import EncoderPool, pool_resources
 
 SHARD_ROWS = 16384  # rows per shard file: the chunk of one search step
+INDEX_FORMAT = 2  # in the cache key: 1 kept ids and texts in parquet, read whole
 
 
 @dataclass(frozen=True)
@@ -43,20 +46,39 @@ class CorpusIndex:
 
     def shards(self) -> Iterator[tuple[int, np.ndarray]]:
         """(first row number, embeddings) of each shard, memory-mapped."""
-        offset = 0
-        for shard in self.meta["shards"]:
-            emb = np.load(self.path / f"{shard}.npy", mmap_mode="r")
-            yield offset, emb
-            offset += len(emb)
+        for shard, offset in zip(self.meta["shards"], self._offsets):
+            yield int(offset), np.load(self.path / f"{shard}.npy", mmap_mode="r")
 
-    def column(self, name: str) -> list[str]:
-        """A column of the shards' tables (``id``, or ``text`` when kept), in row order."""
-        import pyarrow.parquet as pq
+    def take(self, name: str, rows) -> list[str]:
+        """``id`` (or ``text``, when kept) of the given row numbers, in their order: each shard's column is read
+        through its memory map, so only the pages of those rows are touched."""
+        import pyarrow as pa
 
-        out: list[str] = []
-        for shard in self.meta["shards"]:
-            out.extend(pq.read_table(self.path / f"{shard}.parquet", columns=[name]).column(name).to_pylist())
-        return out
+        rows = np.asarray(rows, dtype=np.int64).ravel()
+        if len(rows) and (rows.min() < 0 or rows.max() >= self.rows):
+            raise IndexError(f"row numbers must lie in [0, {self.rows}) of {self.path}")
+        out = np.empty(len(rows), dtype=object)
+        shard_of = np.searchsorted(self._offsets, rows, side="right") - 1
+        for shard in np.unique(shard_of):
+            here = shard_of == shard
+            column = self._table(int(shard)).column(name)
+            out[here] = column.take(pa.array(rows[here] - self._offsets[shard])).to_pylist()
+        return out.tolist()
+
+    @cached_property
+    def _offsets(self) -> np.ndarray:
+        """The first row number of each shard (from the .npy headers), then the total."""
+        sizes = [len(np.load(self.path / f"{s}.npy", mmap_mode="r")) for s in self.meta["shards"]]
+        return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+
+    def _table(self, shard: int):
+        import pyarrow as pa
+
+        tables = self.__dict__.setdefault("_tables", {})
+        if shard not in tables:
+            source = pa.memory_map(str(self.path / f"{self.meta['shards'][shard]}.arrow"), "r")
+            tables[shard] = pa.ipc.open_file(source).read_all()  # zero-copy: the pages stay in the file's cache
+        return tables[shard]
 
 
 def model_fingerprint(model_path: str) -> str:
@@ -80,7 +102,7 @@ def file_fingerprint(*paths: str | Path) -> str:
 
 
 def index_key(model_path: str, corpus_key: str, keep_text: bool) -> str:
-    spec = {"model": model_fingerprint(model_path), "corpus": corpus_key, "text": keep_text}
+    spec = {"model": model_fingerprint(model_path), "corpus": corpus_key, "text": keep_text, "format": INDEX_FORMAT}
     return hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -132,7 +154,6 @@ class ShardWriter:
 def write_shard(batch: dict[str, np.ndarray], folder: str) -> dict[str, list]:
     """One shard's files from a batch of encoded rows (``id``, ``embedding``, ``text`` when kept)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     name = uuid.uuid4().hex
     emb = np.ascontiguousarray(batch["embedding"], dtype=np.float32)
@@ -140,5 +161,7 @@ def write_shard(batch: dict[str, np.ndarray], folder: str) -> dict[str, list]:
     columns = {"id": pa.array([str(i) for i in batch["id"]], pa.large_string())}
     if "text" in batch:
         columns["text"] = pa.array([str(t) for t in batch["text"]], pa.large_string())
-    pq.write_table(pa.table(columns), os.path.join(folder, f"{name}.parquet"))
+    table = pa.table(columns)
+    with pa.OSFile(os.path.join(folder, f"{name}.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
+        out.write_table(table)
     return {"shard": [name], "rows": [len(emb)], "dim": [emb.shape[1] if emb.ndim == 2 else 0]}

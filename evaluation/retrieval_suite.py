@@ -81,8 +81,9 @@ def evaluate_task(model_path: str, task: RetrievalTask, *, pool: EncoderPool, ba
                          batch_size=batch_size)
     queries = normalised(ray_encode(model_path, task.query_texts, batch_size=batch_size, pool=pool))
     _, rows = search_index(index, queries)
-    ids = np.asarray(index.column("id"), dtype=object)
-    ranked = {q: [ids[r] for r in row if r >= 0] for q, row in zip(task.query_ids, rows)}
+    found = rows >= 0
+    ids = iter(index.take("id", rows[found]))  # the found rows' ids, query by query in row-major order
+    ranked = {q: [next(ids) for _ in range(int(n))] for q, n in zip(task.query_ids, found.sum(axis=1))}
     means, queries_scored = score_rankings(task, ranked)
     if per_query is not None:
         per_query[task.name] = queries_scored

@@ -15,6 +15,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 ROOT = Path(__file__).resolve().parent.parent
+# DeepSpeed compiles a CPU op (25-80 s here) into this folder when it starts on CPU, and rebuilds it when the folder
+# changes or was built from another checkout's paths: one folder for the whole session, per checkout (git ignores it).
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
 DEV_DATA = Path(os.environ.get("RAOE_DEV_DATA", ROOT.parent / "shared" / "data"))
 
 

@@ -32,23 +32,27 @@ def _pairs(rng, queries=14):
     return rows
 
 
-def _reference(model_dir, pairs, corpus, top_k, margin, margin_type, per_row):
+def _reference(model_dir, pairs, corpus, top_k, margin, margin_type, per_row, teacher_dir=None):
+    """Candidates ranked by the mining model; the margin compares the teacher's scores where there is one."""
     from encoders.backbone import inference_embeddings, load_encoder
     from evaluation.search import normalised
 
     model = load_encoder(model_dir)
+    scorer = load_encoder(teacher_dir) if teacher_dir else model
     texts = sorted(set(corpus))
     emb = normalised(inference_embeddings(model, texts))
+    scored = normalised(inference_embeddings(scorer, texts))
     known: dict[str, set] = {}
     for r in pairs:
         known.setdefault(r["query"], set()).add(r["positive"])
     expected, without, dropped = set(), 0, 0
     for query, positives in known.items():
         q = normalised(inference_embeddings(model, [query]))[0]
-        scores = emb @ q
-        order = [i for i in np.argsort(-scores, kind="stable") if texts[i] not in positives | {query}][:top_k]
+        order = [i for i in np.argsort(-(emb @ q), kind="stable") if texts[i] not in positives | {query}][:top_k]
+        q = normalised(inference_embeddings(scorer, [query]))[0]
+        scores = scored @ q
         for positive in positives:
-            pos = float(normalised(inference_embeddings(model, [positive]))[0] @ q)
+            pos = float(normalised(inference_embeddings(scorer, [positive]))[0] @ q)
             limit = margin * pos if margin_type == "relative" else pos - margin
             keep = [texts[i] for i in order if scores[i] <= limit]
             dropped += len(order) - len(keep)
@@ -57,8 +61,10 @@ def _reference(model_dir, pairs, corpus, top_k, margin, margin_type, per_row):
     return expected, without, dropped
 
 
-def test_mined_rows_equal_a_brute_force_reference(ray_local, tmp_path, monkeypatch, margin=0.999,
-                                                  margin_type="relative"):
+def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_path, monkeypatch, margin=0.999,
+                                                                 margin_type="relative"):
+    """Relative margin, a teacher re-scoring (the tiny model pooled by its last token: other scores, so other
+    candidates pass the margin than the mining model's own scores would let through)."""
     from encoders.backbone import build_encoder, export_encoder
     from encoders.sources import resolve_model_source
 
@@ -73,16 +79,20 @@ def test_mined_rows_equal_a_brute_force_reference(ray_local, tmp_path, monkeypat
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(extra + [r["positive"] for r in pairs]) + "\n")
     model = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "model")
+    teacher = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32, pooling="last_token"),
+                             tmp_path / "teacher")
     job = _mine_job()
     cfg = job.MineJobConfig(data={"train": str(data)}, output_path=str(tmp_path / "mined"), cpus_per_actor=0.5,
                             mining={"model": str(model), "corpus": str(corpus), "top_k": 40, "margin": margin,
-                                    "margin_type": margin_type, "negatives_per_row": 2, "queries_per_batch": 4},
+                                    "margin_type": margin_type, "negatives_per_row": 2, "queries_per_batch": 4,
+                                    "teacher": str(teacher)},
                             tracking={"experiment": "raoe-test"})
     result = job.main(cfg)
     written = [json.loads(line) for f in sorted(Path(result["output_path"]).glob("*.json*")) for line in open(f)]
     got = {(r["text1"], r["text2"], r["negative"]) for r in written}
-    expected, without, dropped = _reference(model, pairs, extra + [r["positive"] for r in pairs], 40, margin,
-                                            margin_type, 2)
+    texts = extra + [r["positive"] for r in pairs]
+    expected, without, dropped = _reference(model, pairs, texts, 40, margin, margin_type, 2, teacher)
+    assert expected != _reference(model, pairs, texts, 40, margin, margin_type, 2)[0]  # the teacher matters here
     assert got == expected and len(written) == len(got) == result["rows_written"] > 0
     assert result["rows_in"] == len(pairs) and result["pairs_in"] == len({(r["query"], r["positive"]) for r in pairs})
     assert result["rows_without_negative"] == without and result["candidates_dropped_by_margin"] == dropped

@@ -50,6 +50,30 @@ def test_metrics_equal_pytrec_eval():
     assert 0.0 < means["ndcg@10"] < 1.0
 
 
+def test_an_index_looks_rows_up_shard_by_shard_without_holding_its_columns(tmp_path):
+    """Shards of unequal sizes written as the actors write them; ``take`` returns the ids and texts of any rows,
+    in the asked order, repeats included, and names a row outside the index."""
+    from evaluation.corpus_index import CorpusIndex, write_shard
+
+    rng = np.random.default_rng(4)
+    texts = [f"text {i} " + "x" * int(rng.integers(0, 40)) for i in range(53)]
+    names, start = [], 0
+    for size in (16, 5, 20, 12):
+        rows = range(start, start + size)
+        batch = {"id": np.array([f"d{i}" for i in rows], dtype=object), "text": np.array([texts[i] for i in rows],
+                 dtype=object), "embedding": rng.normal(size=(size, 3)).astype(np.float32)}
+        names += write_shard(batch, str(tmp_path))["shard"]
+        start += size
+    (tmp_path / "meta.json").write_text(json.dumps({"rows": start, "dim": 3, "shards": names, "text": True}))
+    index = CorpusIndex(tmp_path)
+    asked = rng.integers(0, start, size=200)
+    assert index.take("id", asked) == [f"d{i}" for i in asked]
+    assert index.take("text", asked) == [texts[i] for i in asked]
+    assert [off for off, _ in index.shards()] == [0, 16, 21, 41] and index.take("id", []) == []
+    with pytest.raises(IndexError, match=r"\[0, 53\)"):
+        index.take("id", [53])
+
+
 @pytest.mark.parametrize("chunk_rows, k", [(7, 5), (64, 100), (1000, 3)])
 def test_chunked_search_equals_a_full_sort(chunk_rows, k):
     rng = np.random.default_rng(1)

@@ -8,7 +8,6 @@ buckets, and the objective each kind trains with."""
 
 import os
 import socket
-import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -186,9 +185,7 @@ TWO = [Scenario(k) for k in KINDS] + [Scenario(k, cached=True) for k in KINDS] +
 
 @pytest.fixture(scope="module")
 def steps():
-    with tempfile.TemporaryDirectory() as scratch:
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", scratch)
-        return {1: run_group(1, ONE), 2: run_group(2, TWO)}
+    return {1: run_group(1, ONE), 2: run_group(2, TWO)}
 
 
 def _same(a: tuple[float, float], b: tuple[float, float], what: str) -> None:
