@@ -113,6 +113,43 @@ def read_corpus(source: str):
         yield str(r["_id"]), corpus_text(r)
 
 
+DEV_MAX_DOCUMENTS = 200_000
+
+
+@dataclass
+class RetrievalDevSet:
+    """A retrieval task scored inside training (checkpoint selection): its queries, judgements and whole corpus,
+    read once on the driver and handed to the workers, which may not see the files."""
+
+    task: RetrievalTask
+    corpus_ids: list[str]
+    corpus_texts: list[str]
+
+
+def read_dev_set(source: str, split: str = "test", name: str | None = None, max_queries: int | None = None,
+                 max_documents: int = DEV_MAX_DOCUMENTS) -> RetrievalDevSet:
+    task = read_task(source, split, name, max_queries)
+    ids, texts = [], []
+    for doc_id, text in read_corpus(source):
+        if len(ids) == max_documents:
+            raise ValueError(f"eval.dev_retrieval: {source} holds more than {max_documents:,} documents; every "
+                             "evaluation inside training encodes the whole corpus: use a dev-sized set")
+        ids.append(doc_id)
+        texts.append(text)
+    return RetrievalDevSet(task, ids, texts)
+
+
+def dev_ndcg_at_10(encode, dev: RetrievalDevSet) -> float:
+    """nDCG@10 x 100 of ``encode`` (texts -> embeddings) on a dev set, by the evaluation suite's exact search and
+    metric."""
+    from evaluation.search import exact_top_k, normalised
+
+    corpus, queries = normalised(encode(dev.corpus_texts)), normalised(encode(dev.task.query_texts))
+    _, rows = exact_top_k(queries, corpus, DEPTH)
+    ranked = {q: [dev.corpus_ids[r] for r in row if r >= 0] for q, row in zip(dev.task.query_ids, rows)}
+    return 100 * score_rankings(dev.task, ranked)[0]["ndcg@10"]
+
+
 def hub_part(dataset: str, config: str):
     from datasets import load_dataset
 

@@ -242,6 +242,13 @@ class TrackingConfig(Section):
                                  "backoff) while the tracking server does not answer; step metrics are buffered")
 
 
+class TrainEvalConfig(EvalConfig):
+    dev_retrieval: RetrievalTaskConfig | None = Field(
+        None, description="select checkpoints by this retrieval task's nDCG@10 (x100; a BEIR folder or hf:<dataset>, "
+        "or {source, split, name, max_queries}) instead of STS-B dev Spearman; its corpus is encoded whole on the "
+        "evaluating workers at every evaluation, so keep it a dev-sized set (at most 200,000 documents)")
+
+
 class TrainJobConfig(Section):
     """Stage 1: NLI pairs with S, the RAOE composite (paper defaults: I=2, tau=20, w=1,1, lr 5e-5, 512, 5 epochs)."""
 
@@ -250,8 +257,9 @@ class TrainJobConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
-    eval: EvalConfig = Field(default_factory=lambda: EvalConfig(tasks=["STSBenchmark"], stsb_split="dev"),
-                             description="STS-B dev selects checkpoints; eval.max_pairs subsamples it")
+    eval: TrainEvalConfig = Field(default_factory=lambda: TrainEvalConfig(tasks=["STSBenchmark"], stsb_split="dev"),
+                                  description="STS-B dev (eval.max_pairs subsamples it) or eval.dev_retrieval "
+                                  "selects checkpoints")
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-train"))
     output_dir: OutputPath = Field("outputs/models", validate_default=True, description="the best model is exported "
                                    "under <output_dir>/<run name>; " + RELATIVE)
@@ -364,6 +372,10 @@ class RelationalEvalConfig(EvalConfig):
         "both directions); null = equal weights over every relation")
 
 
+class RelationalTrainEvalConfig(RelationalEvalConfig, TrainEvalConfig):
+    """RSE training's evaluation: relation weights for STS-B dev, or a retrieval dev task."""
+
+
 class RelationalJobConfig(TrainJobConfig):
     """RSE (relational sentence embeddings): an encoder and a learned vector per relation, trained so that
     cos(h_head + r, h_tail) beats in-batch tails and in-relation hard negatives (Eq. 1-2). The authors' settings:
@@ -376,7 +388,7 @@ class RelationalJobConfig(TrainJobConfig):
         epochs=3.0, lr=5e-5, global_batch_size=512, warmup_ratio=0.0, weight_decay=0.0, eval_every=125))
     data: RelationalDataConfig = Field(default_factory=RelationalDataConfig)
     objective: ObjectiveConfig = Field(default_factory=lambda: ObjectiveConfig(weights={"relational": 1.0}))
-    eval: RelationalEvalConfig = Field(default_factory=lambda: RelationalEvalConfig(tasks=["STSBenchmark"],
+    eval: RelationalTrainEvalConfig = Field(default_factory=lambda: RelationalTrainEvalConfig(tasks=["STSBenchmark"],
                                                                                     stsb_split="dev"))
     relational: RelationalSection = Field(default_factory=RelationalSection)
 

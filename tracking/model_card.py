@@ -24,6 +24,7 @@ def model_card(cfg, result: dict[str, Any], described_objective: dict[str, dict]
     metrics = result.get("metrics", {})
     plan = result.get("plan", {})
     dev = metrics.get("best_stsb_dev_spearman")
+    retrieval_dev = metrics.get("best_dev_ndcg_at_10")
     sources = [cfg.data.train] if cfg.data.train else []
     sources += [s.train for s in getattr(cfg.data, "sources", [])]
     lines = [
@@ -37,7 +38,9 @@ def model_card(cfg, result: dict[str, Any], described_objective: dict[str, dict]
         f"records valid ({result.get('rows_quarantined')} quarantined); {plan.get('rows')} {unit} trained on",
         f"- Steps: {metrics.get('steps')} of {plan.get('global_batch')} {unit} ({result.get('num_workers')} worker(s), "
         f"{result.get('strategy')}), lr {cfg.trainer.lr}, seed {cfg.trainer.seed}; best step {metrics.get('best_step')}",
-        f"- STS-B dev Spearman x100 of the kept checkpoint: {'not evaluated' if dev is None else f'{dev:.2f}'}",
+        (f"- Retrieval dev nDCG@10 x100 of the kept checkpoint (`{cfg.eval.dev_retrieval.task_name}`, which selected "
+         f"it): {retrieval_dev:.2f}" if retrieval_dev is not None else
+         f"- STS-B dev Spearman x100 of the kept checkpoint: {'not evaluated' if dev is None else f'{dev:.2f}'}"),
         "", "## Objective", "", "| objective | weight | parameters | paper |", "|---|---|---|---|",
         *[f"| {name} ({d['summary']}) | {d['weight']} | {d['params']} | {d['citation']} |"
           for name, d in described_objective.items()],

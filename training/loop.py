@@ -25,6 +25,7 @@ import torch
 from encoders.backbone import build_encoder, export_encoder, inference_embeddings
 from encoders.model_uris import resolve_model
 from encoders.relation_table import TABLE
+from evaluation.retrieval import dev_ndcg_at_10
 from evaluation.sts import pairs_spearman, relation_sts_scorer
 from objectives.composite import CompositeObjective
 from tracking.metrics import MetricsLog
@@ -39,7 +40,6 @@ from training.worker_config import DevSet, WorkerConfig
 
 MODEL_DIR = "model"
 PROGRESS_FILE = "progress.json"  # step, best dev and the dev curve, readable without torch or DeepSpeed
-DEV_METRIC = "stsb_dev_spearman"
 
 
 def seed_everything(seed: int) -> None:
@@ -49,25 +49,28 @@ def seed_everything(seed: int) -> None:
 
 
 class Evaluator:
-    """STS-B dev Spearman through the evaluation suite's own scoring, on the dev pairs the driver read once and put
-    in Ray's object store (None when the run has no dev set: it then keeps its latest checkpoints and never scores
-    one)."""
+    """The dev score through the evaluation suite's own scoring (STS-B dev Spearman, or a retrieval dev task's
+    nDCG@10), on the dev set the driver read once and put in Ray's object store (None when the run has no dev set:
+    it then keeps its latest checkpoints and never scores one)."""
 
     def __init__(self, dev: DevSet):
         import ray
 
         self.dev = dev
-        self.pairs = ray.get(dev.pairs) if dev.pairs is not None else None
+        self.data = ray.get(dev.data) if dev.data is not None else None
 
     def __call__(self, model) -> float | None:
-        if self.pairs is None:
+        if self.data is None:
             return None
+        encode = lambda s: inference_embeddings(model, s, self.dev.batch_size)  # noqa: E731
+        if self.dev.retrieval:
+            return dev_ndcg_at_10(encode, self.data)
         score = None
         relations = model.encoder_settings.relations
         if relations:  # RSE: the relation-weighted score selects
             vectors = model.get_parameter(TABLE).detach().float().cpu().numpy()
             score = relation_sts_scorer(list(relations), vectors, self.dev.relation_weights)
-        return pairs_spearman(lambda s: inference_embeddings(model, s, self.dev.batch_size), self.pairs, score)
+        return pairs_spearman(encode, self.data, score)
 
 
 @dataclass
@@ -194,26 +197,27 @@ def _train(run: _Run, feed: MicroBatchFeed, progress: Progress) -> None:
 
 
 def _evaluate_and_report(run: _Run, step: int, last: dict[str, float], progress: Progress) -> None:
-    """Dev Spearman (rank 0; every rank runs the encoder under ZeRO-3, whose forward gathers weights collectively),
+    """The dev score (rank 0; every rank runs the encoder under ZeRO-3, whose forward gathers weights collectively),
     then a checkpoint from every worker: rank 0 exports the full model, each strategy saves its own state."""
     model, strategy, rank, plan = run.stepper.batches.model, run.strategy, run.rank, run.cfg.plan
+    label, metric = run.cfg.dev.label, run.cfg.dev.metric
     dev = run.evaluator(model) if rank == 0 or strategy.evaluates_on_every_rank else None
     dev = dev if rank == 0 else None
     if dev is not None:
         progress.best = dev if progress.best is None else max(progress.best, dev)
-        print(f"[raoe] step {step}: STS-B dev Spearman {dev:.2f} (best {progress.best:.2f})", flush=True)
-        run.metrics_log.log({DEV_METRIC: dev}, step)
-    progress.history = progress.history + [{"step": step, DEV_METRIC: dev, **last}]
+        print(f"[raoe] step {step}: {label} {dev:.2f} (best {progress.best:.2f})", flush=True)
+        run.metrics_log.log({metric: dev}, step)
+    progress.history = progress.history + [{"step": step, metric: dev, **last}]
     # Without a dev set the score field is absent (never the step number): Ray Train keeps the latest checkpoints.
-    metrics = {"step": step, **last, **({DEV_METRIC: dev} if dev is not None else {}),
-               "best_" + DEV_METRIC: progress.best, "total_steps": plan.total_steps}
+    metrics = {"step": step, **last, **({metric: dev} if dev is not None else {}),
+               "best_" + metric: progress.best, "total_steps": plan.total_steps}
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         state = {"step": step, "best": progress.best, "history": progress.history}
         try:
             with strategy.full_parameters():
                 if rank == 0:
-                    export_encoder(model, folder / MODEL_DIR, {"step": step, DEV_METRIC: dev})
+                    export_encoder(model, folder / MODEL_DIR, {"step": step, metric: dev})
                     (folder / PROGRESS_FILE).write_text(json.dumps(state))
             wrote = strategy.save(folder, rank, state) or rank == 0
             if wrote:  # last: a checkpoint whose manifests check out is whole (training/checkpoints.py)

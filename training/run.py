@@ -17,6 +17,7 @@ from data_pipelines.readers import corpus_files, count_where, load_corpus
 from encoders.devices import gpus_wanted_here
 from encoders.model_uris import resolve_model
 from encoders.sources import cache_root
+from evaluation.retrieval import read_dev_set
 from evaluation.sts import stsb_dev_pairs
 from jobconfig.schema import TrainJobConfig, objective_params
 from objectives.composite import SPECS, CompositeObjective, fields_read
@@ -27,10 +28,10 @@ from tracking.model_card import model_card, write_model_card
 from tracking.model_registry import REGISTERED, log_and_register, run_for_name
 from training.checkpoints import storage_failure
 from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, DataKind
-from training.loop import DEV_METRIC, MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
+from training.loop import MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
 from training.plan import elastic_chunk, plan_steps
 from training.rows import CorpusBlocks, content_ordered
-from training.worker_config import DevSet, WorkerConfig
+from training.worker_config import RETRIEVAL_DEV_METRIC, STS_DEV_METRIC, DevSet, WorkerConfig
 
 JOB_DATA = {"stage1": "pairs", "stage2": "sts", "unsupervised": "sentences", "posttrain": "lists",
             "relational": "triples"}  # each job's data
@@ -74,13 +75,14 @@ def default_run_name(stage: str) -> str:
     return f"{stage}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
 
 
-def plot_dev_curve(history: list[dict[str, Any]], path: Path) -> Path | None:
-    return plot_dev_line([(h["step"], h[DEV_METRIC]) for h in history if h.get(DEV_METRIC) is not None],
-                         "optimizer step", path)
+def plot_dev_curve(history: list[dict[str, Any]], metric: str, label: str, path: Path) -> Path | None:
+    return plot_dev_line([(h["step"], h[metric]) for h in history if h.get(metric) is not None],
+                         "optimizer step", path, ylabel=f"{label} x100")
 
 
-def plot_dev_line(points: list[tuple[Any, float]], xlabel: str, path: Path) -> Path | None:
-    """STS-B dev Spearman along one axis (a run's optimizer steps, a one-axis sweep's values); None without points."""
+def plot_dev_line(points: list[tuple[Any, float]], xlabel: str, path: Path,
+                  ylabel: str = "STS-B dev Spearman x100") -> Path | None:
+    """The dev score along one axis (a run's optimizer steps, a one-axis sweep's values); None without points."""
     if not points:
         return None
     import matplotlib
@@ -91,7 +93,7 @@ def plot_dev_line(points: list[tuple[Any, float]], xlabel: str, path: Path) -> P
     fig, ax = plt.subplots(figsize=(5, 3.2))
     ax.plot(*zip(*points), marker="o")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("STS-B dev Spearman x100")
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -117,7 +119,13 @@ class Preflight:
     needed: set[str]  # batch fields the objective reads
     params: dict[str, dict[str, Any]]  # each objective's parameters
     start_model: str
-    dev_pairs: Any  # evaluation.sts.STSPairs, or None: no dev set
+    dev: Any  # evaluation.sts.STSPairs or evaluation.retrieval.RetrievalDevSet, or None: no dev set
+    dev_metric: str  # the dev score's name (training.worker_config)
+    dev_label: str
+
+    @property
+    def has_dev(self) -> bool:
+        return self.dev is not None
 
 
 def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: str | None = None,
@@ -152,7 +160,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
             worker_config = _worker_config(cfg, pre, plan, corpus, extras, run_name, run_id, after_step)
             result = _fit(cfg, worker_config, run_name, callbacks)
         out_dir = Path(cfg.output_dir).resolve() / run_name
-        best_metrics, history, curve = _export_best(result, pre.dev_pairs is not None, cfg, out_dir)
+        best_metrics, history, curve = _export_best(result, pre, cfg, out_dir)
         finished = pre.kind.finish(cfg, out_dir / MODEL_DIR, extras, out_dir) if pre.kind.finish else {}
         payload = _payload(cfg, pre, result, best_metrics, report, plan, run_id, run_name, resumed, out_dir, finished)
         payload.update(_log_and_register(cfg, pre, payload, history, curve, report, plan, finished, out_dir,
@@ -176,11 +184,23 @@ def preflight(cfg: TrainJobConfig) -> Preflight:
     resolve_model(start_model)  # fails here, before any Ray resource, if it cannot be found
     if kind.load is None and not is_hub_source(cfg.data.train):  # a missing path or a format that cannot read it
         corpus_files(cfg.data.train, kind.corpus, cfg.data.format)
-    dev_pairs = stsb_dev_pairs(cfg.eval.data_dir, cfg.eval.max_pairs)  # read here once, handed to the workers
-    if dev_pairs is None:
+    return Preflight(kind, needed, params, start_model, *_dev_set(cfg))
+
+
+def _dev_set(cfg: TrainJobConfig) -> tuple[Any, str, str]:
+    """(the dev set, read here once and handed to the workers; its metric; its label): eval.dev_retrieval when
+    set, else STS-B dev under eval.data_dir (None when absent)."""
+    task = cfg.eval.dev_retrieval
+    if task is not None:
+        dev = read_dev_set(task.source, task.split, task.task_name, task.max_queries)
+        print(f"[raoe] checkpoints selected by {dev.task.name} nDCG@10: {len(dev.task.query_ids)} queries, "
+              f"{len(dev.corpus_ids):,} documents", flush=True)
+        return dev, RETRIEVAL_DEV_METRIC, f"{dev.task.name} nDCG@10"
+    pairs = stsb_dev_pairs(cfg.eval.data_dir, cfg.eval.max_pairs)
+    if pairs is None:
         print(f"[raoe] no STS-B dev under eval.data_dir={cfg.eval.data_dir!r}: no dev score, keeping the latest "
               f"{cfg.trainer.keep_checkpoints} checkpoint(s) and exporting the last", flush=True)
-    return Preflight(kind, needed, params, start_model, dev_pairs)
+    return pairs, STS_DEV_METRIC, "STS-B dev Spearman"
 
 
 def _training_data(cfg: TrainJobConfig, pre: Preflight, quarantine: Path):
@@ -241,7 +261,7 @@ def _worker_config(cfg: TrainJobConfig, pre: Preflight, plan, corpus: CorpusBloc
         prefetch=cfg.data.prefetch if cfg.data.prefetch is not None else cfg.trainer.use_gpu,
         kind=pre.kind.name,
         fields=tuple(sorted(pre.needed & set(FIELD_COLUMNS))),
-        dev=DevSet(pairs=ray.put(pre.dev_pairs) if pre.dev_pairs is not None else None,
+        dev=DevSet(data=ray.put(pre.dev) if pre.has_dev else None, metric=pre.dev_metric, label=pre.dev_label,
                    batch_size=cfg.eval.batch_size, relation_weights=getattr(cfg.eval, "relation_weights", None)),
         run_folder=f"{_storage(cfg).rstrip('/')}/{run_name}",  # where Ray Train puts this run's checkpoints
         tracking=RunTarget(tracking_uri(), run_id, cfg.tracking.retry_seconds),
@@ -272,7 +292,7 @@ def _fit(cfg: TrainJobConfig, worker_config: WorkerConfig, run_name: str, callba
             name=run_name, storage_path=_storage(cfg),
             checkpoint_config=ray.train.CheckpointConfig(  # by dev score, else the latest
                 num_to_keep=cfg.trainer.keep_checkpoints,
-                checkpoint_score_attribute=DEV_METRIC if worker_config.dev.pairs is not None else None,
+                checkpoint_score_attribute=worker_config.dev.metric if worker_config.dev.data is not None else None,
                 checkpoint_score_order="max"),
             failure_config=ray.train.FailureConfig(max_failures=cfg.trainer.max_failures),
             worker_runtime_env={"env_vars": _worker_env()}, callbacks=callbacks or None,
@@ -287,28 +307,29 @@ def _fit(cfg: TrainJobConfig, worker_config: WorkerConfig, run_name: str, callba
         raise failure from exc
 
 
-def _export_best(result, by_dev: bool, cfg: TrainJobConfig, out_dir: Path):
+def _export_best(result, pre: Preflight, cfg: TrainJobConfig, out_dir: Path):
     """The best checkpoint's model into ``out_dir``, with the config and the dev curve; (its metrics, its history,
     the curve's PNG or None without dev scores)."""
-    best_checkpoint, best_metrics = _best(result, by_dev)
+    best_checkpoint, best_metrics = _best(result, pre.dev_metric if pre.has_dev else None)
     with best_checkpoint.as_directory() as folder:
         shutil.rmtree(out_dir / MODEL_DIR, ignore_errors=True)
         shutil.copytree(Path(folder) / MODEL_DIR, out_dir / MODEL_DIR)
         history = _history(Path(folder))
     (out_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2))
-    return best_metrics, history, plot_dev_curve(history, out_dir / "dev_curve.png")
+    return best_metrics, history, plot_dev_curve(history, pre.dev_metric, pre.dev_label, out_dir / "dev_curve.png")
 
 
 def _payload(cfg: TrainJobConfig, pre: Preflight, result, best_metrics: dict, report, plan, run_id: str,
              run_name: str, resumed: bool, out_dir: Path, finished: dict) -> dict[str, Any]:
     """The job's JSON-line payload (registration fills model_uri, registered_model and version)."""
     final = result.metrics or {}
-    best_dev = best_metrics.get(DEV_METRIC) if pre.dev_pairs is not None else None
+    best_dev = best_metrics.get(pre.dev_metric) if pre.has_dev else None
     return {
         "stage": cfg.stage, "run_id": run_id, "run_name": run_name, "resumed": resumed,
         "model_path": str(out_dir / MODEL_DIR), "model_uri": None, "registered_model": None, "version": None,
         "metrics": {"train_loss": final.get("train_loss"), "grad_norm": final.get("grad_norm"),
-                    "steps": final.get("step"), "best_" + DEV_METRIC: best_dev, "best_step": best_metrics.get("step")},
+                    "steps": final.get("step"), "best_" + pre.dev_metric: best_dev,
+                    "best_step": best_metrics.get("step")},
         "start_model": pre.start_model,
         "rows_in": report.rows_in, "rows_written": report.rows_written,
         "rows_quarantined": report.rows_quarantined, "quarantine_path": report.quarantine_path,
@@ -348,7 +369,7 @@ def _log_and_register(cfg: TrainJobConfig, pre: Preflight, payload: dict, histor
     if registered is None:
         return {}
     tags = {"raoe.stage": cfg.stage, "data": cfg.data.train or "", "objective": json.dumps(cfg.objective.weights),
-            "start_model": pre.start_model, DEV_METRIC: metrics["best_" + DEV_METRIC]}
+            "start_model": pre.start_model, pre.dev_metric: metrics["best_" + pre.dev_metric]}
     return with_retries(lambda: log_and_register(out_dir / MODEL_DIR, payload["run_id"], registered, tags),
                         f"registering {registered}" + keep, cfg.tracking.retry_seconds)
 
@@ -366,10 +387,10 @@ def _log_finished(finished: dict[str, Any]) -> None:
             mlflow.log_artifact(value)
 
 
-def _best(result, by_dev: bool):
-    """The best checkpoint by dev Spearman (ties: the later one), or the latest when the run has no dev set."""
+def _best(result, dev_metric: str | None):
+    """The best checkpoint by the dev score (ties: the later one), or the latest when the run has no dev set."""
     if result.best_checkpoints:
-        dev = (lambda m: m.get(DEV_METRIC, float("-inf"))) if by_dev else (lambda m: 0.0)
+        dev = (lambda m: m.get(dev_metric, float("-inf"))) if dev_metric else (lambda m: 0.0)
         return max(result.best_checkpoints, key=lambda cm: (dev(cm[1]), cm[1].get("step", 0)))
     if result.checkpoint is None:
         raise RuntimeError(f"training reported no checkpoint: {result.error}")

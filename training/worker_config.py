@@ -11,15 +11,25 @@ from tracking.metrics import RunTarget
 from training.plan import StepPlan
 from training.rows import CorpusBlocks
 
+STS_DEV_METRIC = "stsb_dev_spearman"
+RETRIEVAL_DEV_METRIC = "dev_ndcg_at_10"
+
 
 @dataclass(frozen=True)
 class DevSet:
-    """STS-B dev for checkpoint selection: the pairs the driver read once, in Ray's object store (a worker's node may
-    not hold eval.data_dir); ``pairs`` is None when the run has no dev set."""
+    """What selects checkpoints: STS-B dev pairs, or a retrieval dev task (eval.dev_retrieval), read once by the
+    driver and put in Ray's object store (a worker's node may not hold the files); ``data`` is None when the run has
+    no dev set. ``metric`` names the score in step metrics, checkpoints, results and the registry."""
 
-    pairs: Any  # ray.ObjectRef to evaluation.sts.STSPairs, or None
+    data: Any  # ray.ObjectRef to evaluation.sts.STSPairs or evaluation.retrieval.RetrievalDevSet, or None
+    metric: str  # STS_DEV_METRIC or RETRIEVAL_DEV_METRIC
+    label: str  # the score as the progress line names it
     batch_size: int
-    relation_weights: dict[str, float] | None  # RSE: the relation-weighted score selects
+    relation_weights: dict[str, float] | None  # RSE: the relation-weighted score selects on STS-B dev
+
+    @property
+    def retrieval(self) -> bool:
+        return self.metric == RETRIEVAL_DEV_METRIC
 
 
 @dataclass(frozen=True)

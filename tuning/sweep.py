@@ -89,7 +89,10 @@ def validate_spec(spec: SweepSpec, sweep_name: str, storage: str) -> list[dict[s
     """Every grid point validated before any trial starts."""
     points = grid_points(spec.grid)
     for point in points:
-        trial_config(spec, point, sweep_name, storage)
+        cfg = trial_config(spec, point, sweep_name, storage)
+        if getattr(cfg.eval, "dev_retrieval", None) is not None:
+            raise ValueError("eval.dev_retrieval: a sweep ranks its trials by STS-B dev Spearman; selecting "
+                             "trials on a retrieval dev task is not supported yet (set it in a single job)")
     return points
 
 

@@ -128,12 +128,42 @@ def _random_beir(tmp_path, rng, num_docs=60, num_queries=12):
     return write_beir(tmp_path / "beir-tiny", corpus, queries, qrels), corpus, queries, qrels
 
 
-def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch):
-    """The whole path (Ray Data actors encode the corpus into cached shards, chunked top-100, BEIR metrics) against
-    sentence-transformers' evaluator on the same tiny model; a second evaluation reads the cached shards."""
+def _st_reference(model, corpus, queries, qrels) -> dict[str, float]:
+    """sentence-transformers' InformationRetrievalEvaluator on the same model and task (documents as title + text)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
 
+    relevant: dict[str, set] = {}
+    for q, d, _ in qrels:
+        relevant.setdefault(q, set()).add(d)
+    titled = {d: f"{'' if i % 2 else 't'} {t}".strip() for i, (d, t) in enumerate(corpus.items())}
+    st = InformationRetrievalEvaluator(queries, titled, relevant, mrr_at_k=[10], ndcg_at_k=[10],
+                                       precision_recall_at_k=[10, 100], map_at_k=[100], accuracy_at_k=[1],
+                                       name="t", write_csv=False)
+    return st(SentenceTransformer(str(model), device="cpu"))
+
+
+def test_a_retrieval_dev_set_scores_as_the_evaluator_and_must_be_dev_sized(tmp_path):
+    """The score that selects checkpoints in training (whole corpus in memory, in the worker) equals
+    sentence-transformers' nDCG@10 x 100; a corpus over the cap is refused by name."""
+    from encoders.backbone import build_encoder, export_encoder, inference_embeddings, load_encoder
+    from encoders.sources import resolve_model_source
+    from evaluation.retrieval import dev_ndcg_at_10, read_dev_set
+
+    folder, corpus, queries, qrels = _random_beir(tmp_path, np.random.default_rng(5))
+    model = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "model")
+    dev = read_dev_set(str(folder))
+    assert dev.corpus_ids == list(corpus) and dev.task.name == "beir-tiny"
+    encoder = load_encoder(str(model))
+    got = dev_ndcg_at_10(lambda texts: inference_embeddings(encoder, texts, 16), dev)
+    assert got == pytest.approx(100 * _st_reference(model, corpus, queries, qrels)["t_cosine_ndcg@10"], abs=1e-2)
+    with pytest.raises(ValueError, match="eval.dev_retrieval: .* more than 59 documents"):
+        read_dev_set(str(folder), max_documents=59)
+
+
+def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch):
+    """The whole path (Ray Data actors encode the corpus into cached shards, chunked top-100, BEIR metrics) against
+    sentence-transformers' evaluator on the same tiny model; a second evaluation reads the cached shards."""
     from encoders.backbone import build_encoder, export_encoder
     from encoders.devices import EncoderPool
     from encoders.sources import resolve_model_source
@@ -157,14 +187,7 @@ def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch)
     assert (index_dirs[0] / "meta.json").stat().st_mtime_ns == meta_time  # read from the cache, not rebuilt
     assert again == ours
 
-    relevant: dict[str, set] = {}
-    for q, d, _ in qrels:
-        relevant.setdefault(q, set()).add(d)
-    titled = {d: f"{'' if i % 2 else 't'} {t}".strip() for i, (d, t) in enumerate(corpus.items())}
-    st = InformationRetrievalEvaluator(queries, titled, relevant, mrr_at_k=[10], ndcg_at_k=[10],
-                                       precision_recall_at_k=[10, 100], map_at_k=[100], accuracy_at_k=[1],
-                                       name="t", write_csv=False)
-    reference = st(SentenceTransformer(str(model), device="cpu"))
+    reference = _st_reference(model, corpus, queries, qrels)
     got = ours["beir-tiny"]
     for metric, key in [("ndcg@10", "ndcg@10"), ("mrr@10", "mrr@10"), ("recall@10", "recall@10"),
                         ("recall@100", "recall@100"), ("map@100", "map@100")]:

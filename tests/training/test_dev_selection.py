@@ -53,3 +53,33 @@ def test_a_run_without_dev_scores_no_checkpoint_and_exports_its_latest(train_env
     assert out["metrics"]["best_step"] == 3 and out["metrics"]["steps"] == 3
     meta = json.loads((Path(out["model_path"]) / "raoe_encoder.json").read_text())
     assert meta["step"] == 3 and meta["stsb_dev_spearman"] is None
+
+
+def test_a_retrieval_dev_task_selects_checkpoints_by_its_ndcg(train_env, tmp_path):
+    """eval.dev_retrieval: every evaluation logs the task's nDCG@10 (x100) under dev_ndcg_at_10, the checkpoint
+    with the best one is exported, and that model scores the same on the task when scored again here. The task: the
+    tiny NLI premises retrieving their entailments among every hypothesis, so training moves the score."""
+    from mlflow import MlflowClient
+
+    from encoders.backbone import inference_embeddings, load_encoder
+    from evaluation.retrieval import dev_ndcg_at_10, read_dev_set
+    from tests.evaluation.test_retrieval import write_beir
+    from training.run import run_training
+
+    rows = [json.loads(line) for line in TINY_NLI.read_text().splitlines()]
+    docs = {f"d{i}": t for i, t in enumerate(dict.fromkeys(r["text2"] for r in rows))}
+    doc_of, premises = {t: d for d, t in docs.items()}, list(dict.fromkeys(r["text1"] for r in rows))
+    qrels = [(f"q{premises.index(r['text1'])}", doc_of[r["text2"]], 1) for r in rows if r["label"] == "entailment"]
+    folder = write_beir(tmp_path / "nli-dev", docs, {f"q{i}": t for i, t in enumerate(premises)}, qrels)
+    out = run_training(tiny_config(train_env, "retrieval-dev", f"eval.dev_retrieval={folder}", "trainer.max_steps=3",
+                                   "trainer.eval_every=1", "trainer.global_batch_size=16", "trainer.lr=3e-3"))
+    scores = {m.step: m.value for m in MlflowClient().get_metric_history(out["run_id"], "dev_ndcg_at_10")}
+    assert sorted(scores) == [1, 2, 3] and len(set(scores.values())) > 1  # training moves it
+    best_step = max(sorted(scores), key=lambda s: (scores[s], s))
+    assert out["metrics"]["best_dev_ndcg_at_10"] == pytest.approx(scores[best_step])
+    assert out["metrics"]["best_step"] == best_step and "best_stsb_dev_spearman" not in out["metrics"]
+    meta = json.loads((Path(out["model_path"]) / "raoe_encoder.json").read_text())
+    assert meta["step"] == best_step
+    exported = load_encoder(out["model_path"])
+    again = dev_ndcg_at_10(lambda texts: inference_embeddings(exported, texts, 64), read_dev_set(str(folder)))
+    assert again == pytest.approx(scores[best_step], abs=1e-3)

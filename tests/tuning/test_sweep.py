@@ -86,3 +86,14 @@ def test_rerunning_the_sweep_resumes_without_rerunning_trials(swept, sweep_env):
     assert again["resumed"] and again["parent_run_id"] == swept["parent_run_id"]
     assert len(_children(swept["parent_run_id"])) == 4  # no new trial runs
     assert again["best_config"] == swept["best_config"]
+
+
+def test_a_sweep_refuses_a_retrieval_dev_task_by_name(tmp_path):
+    """Trials are ranked by STS-B dev; a base config selecting on eval.dev_retrieval is refused before Ray starts."""
+    from jobconfig import load_config
+    from tuning.sweep import SweepSpec, validate_spec
+
+    spec = load_config(SweepSpec, ROOT / "configs" / "tiny" / "sweep.yaml", [
+        f"overrides={json.dumps(['eval.dev_retrieval=outputs/beir/stsb-dev'])}"])
+    with pytest.raises(ValueError, match="eval.dev_retrieval: a sweep ranks its trials by STS-B dev"):
+        validate_spec(spec, "s", str(tmp_path))
