@@ -77,7 +77,17 @@ def start_ray(num_cpus: int | None = None) -> bool:
         configure_logging=True,
         logging_level="WARNING",
     )
+    size_shuffles_to_this_machine(num_cpus or os.cpu_count() or 1)
     return True
+
+
+def size_shuffles_to_this_machine(cpus: int) -> None:
+    """Ray Data hash-shuffles (groupby, distinct texts) into 200 partitions by default, sized for a cluster: on one
+    machine that is hundreds of tiny tasks for a few thousand rows. A local Ray uses two per CPU; a cluster keeps
+    Ray's default."""
+    import ray.data
+
+    ray.data.DataContext.get_current().default_hash_shuffle_parallelism = max(2, min(200, 2 * int(cpus)))
 
 
 @contextlib.contextmanager
