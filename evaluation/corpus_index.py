@@ -71,14 +71,17 @@ class CorpusIndex:
         sizes = [len(np.load(self.path / f"{s}.npy", mmap_mode="r")) for s in self.meta["shards"]]
         return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
 
+    @cached_property
+    def _tables(self) -> dict:  # shard number -> its memory-mapped table, opened on first use
+        return {}
+
     def _table(self, shard: int):
         import pyarrow as pa
 
-        tables = self.__dict__.setdefault("_tables", {})
-        if shard not in tables:
+        if shard not in self._tables:
             source = pa.memory_map(str(self.path / f"{self.meta['shards'][shard]}.arrow"), "r")
-            tables[shard] = pa.ipc.open_file(source).read_all()  # zero-copy: the pages stay in the file's cache
-        return tables[shard]
+            self._tables[shard] = pa.ipc.open_file(source).read_all()  # zero-copy: pages stay in the file cache
+        return self._tables[shard]
 
 
 def model_fingerprint(model_path: str) -> str:

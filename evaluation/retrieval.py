@@ -146,7 +146,7 @@ def dev_ndcg_at_10(encode, dev: RetrievalDevSet) -> float:
 
     corpus, queries = normalised(encode(dev.corpus_texts)), normalised(encode(dev.task.query_texts))
     _, rows = exact_top_k(queries, corpus, DEPTH)
-    ranked = {q: [dev.corpus_ids[r] for r in row if r >= 0] for q, row in zip(dev.task.query_ids, rows)}
+    ranked = rankings(dev.task.query_ids, rows, lambda found: [dev.corpus_ids[r] for r in found])
     return 100 * score_rankings(dev.task, ranked)[0]["ndcg@10"]
 
 
@@ -202,6 +202,14 @@ def query_metrics(ranked: list[str], relevant: dict[str, int]) -> dict[str, floa
 def task_metrics(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
     """The mean of each metric over the queries."""
     return {m: float(np.mean([q[m] for q in per_query.values()])) if per_query else 0.0 for m in METRICS}
+
+
+def rankings(query_ids: list[str], rows: np.ndarray, ids_of) -> dict[str, list[str]]:
+    """Query id -> document ids best first, from a search's row numbers (-1 where fewer were found); ``ids_of``
+    maps the found row numbers (all queries' at once, row-major) to their ids in one lookup."""
+    found = rows >= 0
+    ids = iter(ids_of(rows[found]))
+    return {q: [next(ids) for _ in range(int(n))] for q, n in zip(query_ids, found.sum(axis=1))}
 
 
 def score_rankings(task: RetrievalTask, ranked: dict[str, list[str]]) -> tuple[dict[str, float], dict]:

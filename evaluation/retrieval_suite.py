@@ -17,6 +17,7 @@ from evaluation.retrieval import (
     RetrievalTask,
     corpus_text,
     hub_part,
+    rankings,
     read_task,
     score_rankings,
 )
@@ -81,9 +82,7 @@ def evaluate_task(model_path: str, task: RetrievalTask, *, pool: EncoderPool, ba
                          batch_size=batch_size)
     queries = normalised(ray_encode(model_path, task.query_texts, batch_size=batch_size, pool=pool))
     _, rows = search_index(index, queries)
-    found = rows >= 0
-    ids = iter(index.take("id", rows[found]))  # the found rows' ids, query by query in row-major order
-    ranked = {q: [next(ids) for _ in range(int(n))] for q, n in zip(task.query_ids, found.sum(axis=1))}
+    ranked = rankings(task.query_ids, rows, lambda found: index.take("id", found))
     means, queries_scored = score_rankings(task, ranked)
     if per_query is not None:
         per_query[task.name] = queries_scored

@@ -16,6 +16,7 @@ import random
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +55,17 @@ class Evaluator:
     it then keeps its latest checkpoints and never scores one)."""
 
     def __init__(self, dev: DevSet):
+        self.dev = dev
+
+    @cached_property
+    def data(self):
+        """Fetched on the first evaluation: ranks that never evaluate (rank != 0 outside ZeRO-3) never hold it."""
         import ray
 
-        self.dev = dev
-        self.data = ray.get(dev.data) if dev.data is not None else None
+        return ray.get(self.dev.data)
 
     def __call__(self, model) -> float | None:
-        if self.data is None:
+        if self.dev.data is None:
             return None
         encode = lambda s: inference_embeddings(model, s, self.dev.batch_size)  # noqa: E731
         if self.dev.retrieval:
