@@ -43,8 +43,7 @@ class RunningTopK:
             self._merge(slice(start, start + len(q)), block, rows)
 
     def _merge(self, where: slice, block: torch.Tensor, rows: torch.Tensor) -> None:
-        take = min(self.k, block.shape[1])
-        top, pos = torch.topk(block, take, dim=1, sorted=False)
+        top, pos = _top_lowest_first(block, min(self.k, block.shape[1]))
         scores = torch.cat([self.scores[where], top], dim=1)
         cand = torch.cat([self.rows[where], rows[pos]], dim=1)
         # best first; among equal scores the lower row number (a stable order over row numbers, then by score)
@@ -55,6 +54,18 @@ class RunningTopK:
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         return self.scores.cpu().numpy(), self.rows.cpu().numpy()
+
+
+def _top_lowest_first(block: torch.Tensor, take: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``take`` largest entries and their columns; among entries equal to the ``take``-th largest the
+    lowest columns (``torch.topk`` picks any of them)."""
+    kth = torch.topk(block, take, dim=1).values[:, -1:]
+    above = block > kth
+    tied = block == kth
+    room = take - above.sum(dim=1, keepdim=True)  # the tied entries each row still takes, lowest column first
+    keep = above | (tied & (tied.cumsum(dim=1) <= room))
+    pos = keep.nonzero()[:, 1].view(block.shape[0], take)  # row-major: each row's kept columns, ascending
+    return block.gather(1, pos), pos
 
 
 def exact_top_k(queries: np.ndarray, corpus: np.ndarray, k: int, chunk_rows: int = 16384) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from evaluation.retrieval import DEPTH, BeirFormatError, RetrievalTask, read_task, score_rankings
-from evaluation.search import exact_top_k, normalised
+from evaluation.search import exact_top_k
 
 
 def _graded_task(rng, num_queries=40, num_docs=400):
@@ -76,16 +76,23 @@ def test_an_index_looks_rows_up_shard_by_shard_without_holding_its_columns(tmp_p
 
 @pytest.mark.parametrize("chunk_rows, k", [(7, 5), (64, 100), (1000, 3)])
 def test_chunked_search_equals_a_full_sort(chunk_rows, k):
+    """Small integer vectors: every dot product is exact in float32 whatever the summation order of the CPU's
+    matrix kernel, so the many ties here are real ties on any machine, and the lower row must come first (also where
+    a chunk's k-th place is shared by more rows than fit)."""
     rng = np.random.default_rng(1)
-    corpus, queries = normalised(rng.normal(size=(300, 16))), normalised(rng.normal(size=(23, 16)))
-    corpus[17] = corpus[3]  # an exact tie: the lower row comes first
+    corpus = rng.integers(-3, 4, size=(300, 16)).astype(np.float32)
+    queries = rng.integers(-3, 4, size=(23, 16)).astype(np.float32)
+    corpus[17] = corpus[3]
     queries[0] = corpus[3]
     scores, rows = exact_top_k(queries, corpus, k, chunk_rows=chunk_rows)
-    full = queries @ corpus.T
+    full = queries.astype(np.int64) @ corpus.astype(np.int64).T  # exact
     expected = np.argsort(-full, axis=1, kind="stable")[:, :k]
     np.testing.assert_array_equal(rows, expected)
-    np.testing.assert_allclose(scores, np.take_along_axis(full, expected, 1), atol=1e-6)
+    np.testing.assert_array_equal(scores, np.take_along_axis(full, expected, 1))
     assert rows[0, 0] == 3 and rows[0, 1] == 17
+    kth = np.take_along_axis(full, expected[:, -1:], 1)
+    above, tied = (full > kth).sum(1), (full == kth).sum(1)
+    assert (tied > k - above).any()  # some query's k-th place is shared by more rows than fit: the boundary rule ran
 
 
 def write_beir(folder, corpus: dict[str, str], queries: dict[str, str], qrels: list[tuple[str, str, int]],
