@@ -13,6 +13,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Ray Train's controller polls its workers every 2 s by default, so a finished tiny run idles up to 2 s before
 # returning; tests run ~100 of them. Read by the controller, which inherits this from the local Ray started here.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+# A local Ray without its dashboard starts 2.5 s sooner and polls less; nothing the tests run needs it (the loopback
+# test turns it on: users get it by default).
+os.environ.setdefault("RAOE_RAY_DASHBOARD", "0")
 
 ROOT = Path(__file__).resolve().parent.parent
 # DeepSpeed compiles a CPU op (25-80 s here) into this folder when it starts on CPU, and rebuilds it when the folder

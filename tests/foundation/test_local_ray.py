@@ -19,8 +19,10 @@ def listening_addresses(processes):
 
 
 @pytest.mark.skipif(bool(os.environ.get("RAY_ADDRESS")), reason="RAY_ADDRESS points at an existing cluster")
-def test_local_ray_binds_to_loopback_and_stops():
+def test_local_ray_binds_to_loopback_and_stops(monkeypatch):
     import ray
+
+    monkeypatch.setenv("RAOE_RAY_DASHBOARD", "1")  # as users run it: the dashboard listens on loopback too
 
     from runtime.local_ray import ray_session
 

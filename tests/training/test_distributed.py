@@ -99,3 +99,14 @@ def test_registry_holds_each_run(runs):
         assert result["model_uri"] == f"models:/raoe-s1/{result['version']}"
         meta = json.loads(open(f"{result['model_path']}/raoe_encoder.json").read())
         assert meta["step"] == result["metrics"]["steps"]
+
+
+def test_a_run_on_the_local_ray_starts_no_helper_it_does_not_use(runs):
+    """Ray Train starts a controller, the workers and their barrier actor; on the local Ray a job started, no
+    dataset manager (raoe hands Ray Train no datasets), placement-group cleaner or preemption watcher (each its own
+    Python process, ~2.5 s of CPU a run). Every run of this Ray so far is in the actor table, dead ones too."""
+    from ray._private.state import actors
+
+    started = {a["ActorClassName"] for a in actors().values()}
+    assert {"TrainController", "RayTrainWorker", "SynchronizationActor"} <= started
+    assert not started & {"DatasetManager", "PlacementGroupCleaner", "PreemptionWatcher"}
