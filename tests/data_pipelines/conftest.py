@@ -1,10 +1,7 @@
 import pytest
 
 
-@pytest.fixture(scope="package")
-def ray_local():
-    """One local Ray for the data-pipeline tests (loopback only, shut down at the end)."""
-    from tests.conftest import own_ray
-
-    with own_ray(num_cpus=2):
-        yield
+@pytest.fixture(autouse=True)
+def _ray(ray_local):
+    """Every data-pipeline test may read through Ray Data: on the shared local Ray (tests/conftest.py), never on one
+    Ray Data would start by itself."""

@@ -130,7 +130,6 @@ def test_a_run_that_writes_no_list_does_not_report_ok(job, tmp_path, monkeypatch
     """The random tiny LM never ends a sentence: every list stops at x1, and the JSON line says "empty" and why."""
     from jobconfig import load_config
     from runtime.result import run_job
-    from tests.conftest import own_ray
 
     cfg = load_config(job.GenerateListsJobConfig, TINY, [
         f"data.train={PAIRS}", f"output_dir={tmp_path}", "tracking.experiment=raoe-test", "lists.model=tiny:qwen2-lm",
@@ -138,8 +137,7 @@ def test_a_run_that_writes_no_list_does_not_report_ok(job, tmp_path, monkeypatch
         "lists.batch_size=4"])
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
-    with own_ray(num_cpus=2):
-        run_job(lambda: job.main(cfg), "generate_lists")
+    run_job(lambda: job.main(cfg), "generate_lists")
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["status"] == "empty" and line["lists_written"] == 0 and line["seeds"] == 4
     assert sum(line["stopped"].values()) == 4

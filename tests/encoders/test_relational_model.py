@@ -122,26 +122,24 @@ def test_triples_are_held_out_capped_weighted_and_given_in_relation_negatives():
     assert again.train.equals(train)  # seeded
 
 
-def test_the_cluster_prepares_each_relation_as_this_process_does_whatever_the_block_order():
+def test_the_cluster_prepares_each_relation_as_this_process_does_whatever_the_block_order(ray_local):
     """prepare_triples_ds (one Ray task per relation, the triples left in the object store) gives the rows, counts
     and held-out triples of prepare_triples, from blocks in any order."""
     import ray
 
     from data_pipelines.relations import prepare_triples, prepare_triples_ds
-    from tests.conftest import own_ray
 
     cfg = _data_cfg(heldout=4, caps={"dup": 20}, weights={"entailment": 1.5})
     local = prepare_triples(_frame(), cfg, seed=0)
-    with own_ray(num_cpus=2):
-        for frame in (_frame().iloc[::-1],):  # blocks in another order than the local run read its rows
-            ds = ray.data.from_pandas([frame[:17], frame[17:33], frame[33:]])
-            got = prepare_triples_ds(ds, cfg, seed=0)
-            assert (got.relations, got.counts) == (local.relations, local.counts)
-            train = pd.DataFrame(got.train.take_all())[local.train.columns]
-            key = ["relation_id", "head", "tail", "negative"]
-            pd.testing.assert_frame_equal(train.sort_values(key, ignore_index=True),
-                                          local.train.sort_values(key, ignore_index=True), check_dtype=False)
-            assert sorted(map(tuple, got.heldout[key].values)) == sorted(map(tuple, local.heldout[key].values))
+    for frame in (_frame().iloc[::-1],):  # blocks in another order than the local run read its rows
+        ds = ray.data.from_pandas([frame[:17], frame[17:33], frame[33:]])
+        got = prepare_triples_ds(ds, cfg, seed=0)
+        assert (got.relations, got.counts) == (local.relations, local.counts)
+        train = pd.DataFrame(got.train.take_all())[local.train.columns]
+        key = ["relation_id", "head", "tail", "negative"]
+        pd.testing.assert_frame_equal(train.sort_values(key, ignore_index=True),
+                                      local.train.sort_values(key, ignore_index=True), check_dtype=False)
+        assert sorted(map(tuple, got.heldout[key].values)) == sorted(map(tuple, local.heldout[key].values))
 
 
 def test_relation_set_and_table_names_are_checked():

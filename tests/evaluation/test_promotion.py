@@ -35,6 +35,11 @@ def registry(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))  # downloads of this store only
+    import tracking.promotion
+
+    # The settle wait guards against a promotion racing this one (tests/evaluation/test_concurrent_registry.py);
+    # these promotions run one at a time, so it only waited: 2 s per promotion.
+    monkeypatch.setattr(tracking.promotion, "PROMOTION_SETTLE_S", 0.0)
     import mlflow
 
     from runtime.tracking_store import ensure_experiment

@@ -168,7 +168,7 @@ def test_a_retrieval_dev_set_scores_as_the_evaluator_and_must_be_dev_sized(tmp_p
         read_dev_set(str(folder), max_documents=59)
 
 
-def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch):
+def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch, ray_local):
     """The whole path (Ray Data actors encode the corpus into cached shards, chunked top-100, BEIR metrics) against
     sentence-transformers' evaluator on the same tiny model; a second evaluation reads the cached shards."""
     from encoders.backbone import build_encoder, export_encoder
@@ -177,7 +177,6 @@ def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch)
     from evaluation import corpus_index as index_module
     from evaluation.retrieval_suite import evaluate_retrieval
     from jobconfig.schema import RetrievalTaskConfig
-    from tests.conftest import own_ray
 
     monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(index_module, "SHARD_ROWS", 16)  # several shards: the running top-k crosses them
@@ -185,11 +184,10 @@ def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch)
     model = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "model")
     tasks = [RetrievalTaskConfig.model_validate(str(folder))]
     per_query: dict = {}
-    with own_ray():
-        ours = evaluate_retrieval(str(model), tasks, pool=EncoderPool(), batch_size=8, per_query=per_query)
-        index_dirs = list((tmp_path / "cache" / "corpus-embeddings").iterdir())
-        meta_time = (index_dirs[0] / "meta.json").stat().st_mtime_ns
-        again = evaluate_retrieval(str(model), tasks, pool=EncoderPool(), batch_size=8)
+    ours = evaluate_retrieval(str(model), tasks, pool=EncoderPool(), batch_size=8, per_query=per_query)
+    index_dirs = list((tmp_path / "cache" / "corpus-embeddings").iterdir())
+    meta_time = (index_dirs[0] / "meta.json").stat().st_mtime_ns
+    again = evaluate_retrieval(str(model), tasks, pool=EncoderPool(), batch_size=8)
     assert len(index_dirs) == 1 and len(json.loads((index_dirs[0] / "meta.json").read_text())["shards"]) >= 4
     assert (index_dirs[0] / "meta.json").stat().st_mtime_ns == meta_time  # read from the cache, not rebuilt
     assert again == ours

@@ -38,20 +38,18 @@ def test_a_bad_config_is_rejected_before_ray_starts(tmp_path):
     assert "Started a local Ray" not in proc.stderr + proc.stdout
 
 
-def test_an_error_inside_a_ray_data_task_reaches_the_json_line_as_the_users_own(tmp_path):
+def test_an_error_inside_a_ray_data_task_reaches_the_json_line_as_the_users_own(tmp_path, ray_local):
     """Ray wraps a failing task's exception (RayTaskError(UserCodeException) with two tracebacks in its message);
     the JSON line carries the original type and message only."""
     import ray
 
     from runtime.result import error_message, root_cause
-    from tests.conftest import own_ray
 
     def fail(row):
         raise ValueError(f"row {row['id']} has no 'text'")
 
-    with own_ray(num_cpus=2):
-        with pytest.raises(Exception) as caught:
-            ray.data.range(3, override_num_blocks=1).map(fail).take_all()
+    with pytest.raises(Exception) as caught:
+        ray.data.range(3, override_num_blocks=1).map(fail).take_all()
     assert 'File "' in str(caught.value) and "UserCodeException" in repr(caught.value)  # what the user saw before
     assert error_message(caught.value) == "ValueError: row 0 has no 'text'"
     assert isinstance(root_cause(RuntimeError("x")), RuntimeError)

@@ -3,6 +3,7 @@ and never stop training; the outage is recorded on the run. An unreachable serve
 the URI; end-of-run calls retry with backoff and give up with a clear message after the configured time."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -18,10 +19,12 @@ MLFLOW = Path(sys.executable).parent / "mlflow"
 def start_server(port: int, root: Path) -> subprocess.Popen:
     from tracking.metrics import check_reachable
 
+    # Without the server's job runner: it would start eight more processes importing MLflow, for jobs never used here.
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     proc = subprocess.Popen([str(MLFLOW), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                              "--backend-store-uri", f"sqlite:///{root / 'server.db'}",
                              "--artifacts-destination", str(root / "artifacts")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 90
     while True:
         try:

@@ -9,15 +9,15 @@ TINY_NLI = ROOT / "configs" / "tiny" / "data" / "nli_pairs.jsonl"
 
 @pytest.fixture(scope="package")
 def train_env(tmp_path_factory):
-    """A private MLflow store and run storage for the training tests, and one local Ray (2 CPUs)."""
-    from tests.conftest import own_ray
+    """A private MLflow store and run storage for the training tests, on the shared local Ray (2 CPUs)."""
+    from tests.conftest import shared_ray
 
     root = tmp_path_factory.mktemp("train")
     saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "RAOE_MLFLOW_ARTIFACTS")}
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / 'mlflow.db'}"
     os.environ["RAOE_MLFLOW_ARTIFACTS"] = str(root / "artifacts")
-    with own_ray(num_cpus=2):
-        yield root
+    shared_ray()
+    yield root
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
@@ -45,3 +45,16 @@ def metric_by_step(run_id: str, key: str) -> dict[int, float]:
 
     history = sorted(MlflowClient().get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
     return {m.step: m.value for m in history}
+
+
+def stsb_dev_folder(root: Path, pairs: int = 24) -> Path:
+    """A SentEval-layout root holding an STS-B dev of the first tiny NLI pairs, gold from their similarity S."""
+    import json
+
+    rows = [json.loads(line) for line in TINY_NLI.read_text().splitlines()[:pairs]]
+    folder = root / "STS" / "STSBenchmark"
+    folder.mkdir(parents=True)
+    (folder / "sts-dev.csv").write_text("".join(
+        f"main-captions\tMSRvid\t2012test\t{i:04d}\t{5 * r['similarity']:.3f}\t{r['text1']}\t{r['text2']}\n"
+        for i, r in enumerate(rows)))
+    return root

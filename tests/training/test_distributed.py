@@ -2,7 +2,8 @@
 train on the same rows in the same chunks with the same dropout masks at every step (dropout 0.1, chunks of 16: two
 on one worker, one on each of two) and so log the same loss and the same global gradient norm (before clipping) at
 every step. The gradient norm is what a x N error in the gradient would show; weights after
-a clipped AdamW step would not. The ZeRO-3 run tokenises ahead in the input prefetch thread, the others in the step.
+a clipped AdamW step would not. The ZeRO-3 run tokenises ahead in the input prefetch thread, the others in the step,
+and it scores STS-B dev from pairs the driver read (the files gone before the workers start).
 bf16 means autocast with fp32 weights under both strategies."""
 
 import json
@@ -32,12 +33,50 @@ BF16 = {
 }
 
 
-@pytest.fixture(scope="module")
-def runs(train_env):
-    from training.run import run_training
+DEV_ON_THE_DRIVER = "2 workers zero-3"  # scores STS-B dev at its checkpoint; the files vanish once the driver read them
 
-    return {name: run_training(tiny_config(train_env, name.replace(" ", "-"), *COMMON, *extra))
-            for name, extra in {**RUNS, **BF16}.items()}
+
+@pytest.fixture(scope="module")
+def runs(train_env, tmp_path_factory):
+    import training.run
+
+    out = {}
+    for name, extra in {**RUNS, **BF16}.items():
+        with pytest.MonkeyPatch.context() as patch:
+            if name == DEV_ON_THE_DRIVER:
+                extra = (*extra, f"eval.data_dir={_dev_read_once_then_gone(tmp_path_factory, patch)}")
+            out[name] = training.run.run_training(tiny_config(train_env, name.replace(" ", "-"), *COMMON, *extra))
+    return out
+
+
+def _dev_read_once_then_gone(tmp_path_factory, patch):
+    """An STS-B dev folder that disappears as soon as the driver has read it, as on a cluster where only the head
+    holds eval.data_dir."""
+    import training.run
+    from tests.training.conftest import stsb_dev_folder
+
+    root = tmp_path_factory.mktemp("dev")
+    dev = stsb_dev_folder(root / "senteval")
+    read = training.run.stsb_dev_pairs
+
+    def read_then_hide(data_dir, max_pairs=None):
+        pairs = read(data_dir, max_pairs)
+        dev.rename(root / "elsewhere")
+        return pairs
+
+    patch.setattr(training.run, "stsb_dev_pairs", read_then_hide)
+    return dev
+
+
+def test_workers_score_dev_pairs_the_driver_read_when_their_node_lacks_the_files(runs):
+    """Two ZeRO-3 workers score the checkpoint on the dev pairs the driver handed them though no node holds the
+    files any more: every rank runs the encoder (its forward gathers weights), none hangs."""
+    from mlflow import MlflowClient
+
+    out = runs[DEV_ON_THE_DRIVER]
+    scores = MlflowClient().get_metric_history(out["run_id"], "stsb_dev_spearman")
+    assert sorted(m.step for m in scores) == [STEPS] and out["metrics"]["best_step"] == STEPS
+    assert out["metrics"]["best_stsb_dev_spearman"] == pytest.approx(max(m.value for m in scores))
 
 
 @pytest.mark.parametrize("other", ["2 workers ddp", "2 workers zero-2", "2 workers zero-3"])

@@ -4,8 +4,10 @@ gradient accumulation, an epoch whose rows the global batch does not divide (120
 points inside an epoch, and dropout on (masks are drawn from seed, step and chunk), for DDP and
 DeepSpeed."""
 
+import json
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -82,3 +84,13 @@ def test_a_killed_worker_costs_only_time(resumed):
     a, b = (load_file(f"{r['model_path']}/model.safetensors") for r in (reference, killed))
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)
     assert worst < 1e-5, f"weights differ by {worst}"
+
+
+def test_a_run_without_dev_scores_no_checkpoint_and_exports_its_latest(resumed):
+    """No dev set (the uninterrupted run: checkpoints at steps 2, 4, 6, 8 and 9, the latest 2 kept): no checkpoint
+    is scored, and the latest is exported."""
+    reference = resumed[0]
+    assert reference["metrics"]["best_stsb_dev_spearman"] is None
+    assert reference["metrics"]["best_step"] == STEPS and reference["metrics"]["steps"] == STEPS
+    meta = json.loads((Path(reference["model_path"]) / "raoe_encoder.json").read_text())
+    assert meta["step"] == STEPS and meta["stsb_dev_spearman"] is None

@@ -13,12 +13,9 @@ from training.rows import CorpusRows, MicroBatchFeed, content_ordered
 ROWS = [{"text": f"sentence {i}", "negative": None if i % 3 else f"not sentence {i}"} for i in range(50)]
 
 
-@pytest.fixture(scope="module")
-def ray_here():
-    from tests.conftest import own_ray
-
-    with own_ray(num_cpus=2):
-        yield
+@pytest.fixture
+def ray_here(ray_local):
+    """The shared local Ray (tests/conftest.py)."""
 
 
 def _corpus(rows, blocks):

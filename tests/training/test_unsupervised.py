@@ -106,21 +106,28 @@ def _config(root, name, *overrides):
 
 
 @pytest.fixture(scope="module")
-def unsupervised_runs(train_env):
+def unsupervised_runs(train_env, tmp_path_factory):
+    """The SAN corpus with every 4th anchor left without a negative (as generate_san keeps anchors its guard
+    refused), aligned negatives at their own dropout p2 = 0.2: on 1 worker, and on 2 with one killed mid-run."""
     from training.run import run_training
 
-    one = run_training(_config(train_env, "unsup-1"))
-    two = run_training(_config(train_env, "unsup-2", "trainer.num_workers=2", "trainer.max_failures=1"),
+    rows = [json.loads(line) for line in SAN.read_text().splitlines()]
+    corpus = tmp_path_factory.mktemp("unsupervised") / "guarded.jsonl"
+    corpus.write_text("".join(json.dumps({"text": r["text"], "negative": r["negative"] if i % 4 else None}) + "\n"
+                              for i, r in enumerate(rows)))
+    guarded = (f"data.train={corpus}", "model.negative_dropout=0.2")
+    one = run_training(_config(train_env, "unsup-1", *guarded))
+    two = run_training(_config(train_env, "unsup-2", *guarded, "trainer.num_workers=2", "trainer.max_failures=1"),
                        after_step=(KillWorkerAfterStep(3),))  # the group restarts from the step-2 checkpoint
-    return one, two
+    return one, two, len(rows)
 
 
 def test_unsupervised_job_is_the_same_on_two_workers_and_survives_a_killed_worker(unsupervised_runs):
     from mlflow import MlflowClient
 
-    one, two = unsupervised_runs
+    one, two, rows = unsupervised_runs
     assert one["registered_model"] == two["registered_model"] == "raoe-unsup" and one["stage"] == "unsupervised"
-    assert two["metrics"]["steps"] == 4 and two["rows_written"] == 128
+    assert rows == 128 and two["metrics"]["steps"] == 4 and two["rows_written"] == 128
     steps = [m.step for m in MlflowClient().get_metric_history(two["run_id"], "train_loss")]
     assert sorted(steps) == [1, 2, 3, 3, 4]  # step 3 ran twice: the worker really died and the run resumed
     for key in ("train_loss", "grad_norm"):
@@ -139,15 +146,9 @@ def test_hince_needs_aligned_negatives_and_says_so(train_env, tmp_path):
         run_training(_config(train_env, "unsup-no-neg", f"data.train={plain}", "trainer.global_batch_size=8"))
 
 
-def test_a_san_corpus_with_guarded_anchors_trains_on_every_anchor(train_env, tmp_path):
-    """generate_san keeps anchors its guard left without a negative; HiNCE trains on all of them."""
-    from training.run import run_training
-
-    rows = [json.loads(line) for line in SAN.read_text().splitlines()[:32]]
-    corpus = tmp_path / "guarded.jsonl"
-    corpus.write_text("".join(json.dumps({"text": r["text"], "negative": r["negative"] if i % 4 else None}) + "\n"
-                              for i, r in enumerate(rows)))
-    out = run_training(_config(train_env, "unsup-guarded", f"data.train={corpus}", "trainer.global_batch_size=8",
-                               "trainer.max_steps=2", "model.negative_dropout=0.2"))
-    assert out["rows_written"] == 32 and out["metrics"]["steps"] == 2
-    assert out["metrics"]["train_loss"] > 0
+def test_a_san_corpus_with_guarded_anchors_trains_on_every_anchor(unsupervised_runs):
+    """generate_san keeps anchors its guard left without a negative; HiNCE trains on all of them (the runs above:
+    every 4th of the 128 anchors has none)."""
+    one, _, rows = unsupervised_runs
+    assert one["rows_written"] == rows == 128 and one["metrics"]["steps"] == 4
+    assert one["metrics"]["train_loss"] > 0
