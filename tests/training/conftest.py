@@ -39,6 +39,16 @@ def tiny_config(root: Path, name: str, *overrides: str, stage: str = "stage1"):
     return load_config(model, ROOT / "configs" / "tiny" / f"{stage}.yaml", base + list(overrides))
 
 
+# Two runs from the same weights on the same rows, summed in another order (1 vs 2 workers, ZeRO vs DDP,
+# replayed on fewer workers): equal to float32 precision. Measured 3e-7 to 1.05e-5 relative across CPUs and
+# BLAS kernels (the larger where the gradient norm is ~12 and its parts cancel); a different batch, a dropout
+# mask drawn differently or a gradient off by x2 moves these numbers by 1-50%.
+SAME_START_REL = 1e-4
+# ... and one AdamW step later: Adam moves a weight by ~lr * sign(g), and where |g| is ~1e-7 two summation
+# orders can flip that sign (measured: up to 1.3e-3 relative at step 2).
+ONE_STEP_APART_REL = 5e-3
+
+
 def metric_by_step(run_id: str, key: str) -> dict[int, float]:
     """A run's per-step metric from MLflow (the value logged last for a step that ran twice)."""
     from mlflow import MlflowClient

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch.multiprocessing as mp
 
+from tests.training.conftest import SAME_START_REL
+
 BATCH = 8
 WORDS = ("a man sits on a bench", "a dog runs in the park", "two kids play football on the beach", "rain falls",
          "the cat sleeps", "a woman reads a long book about trains", "people walk down the street", "a boy eats")
@@ -189,8 +191,8 @@ def steps():
 
 
 def _same(a: tuple[float, float], b: tuple[float, float], what: str) -> None:
-    assert a[0] == pytest.approx(b[0], rel=1e-5), f"loss, {what}"
-    assert a[1] == pytest.approx(b[1], rel=1e-5), f"gradient norm, {what}"
+    assert a[0] == pytest.approx(b[0], rel=SAME_START_REL), f"loss, {what}"
+    assert a[1] == pytest.approx(b[1], rel=SAME_START_REL), f"gradient norm, {what}"
 
 
 @pytest.mark.parametrize("kind", KINDS)
