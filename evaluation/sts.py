@@ -129,6 +129,19 @@ def spearman_x100(predicted: np.ndarray, gold: np.ndarray) -> float:
     return float(spearmanr(predicted, gold).statistic * 100.0)
 
 
+def suite_sentences(data_dir: str | Path, tasks: list[str] | None = None, *, max_pairs: int | None = None,
+                    stsb_split: str = "test") -> list[str]:
+    """Every distinct sentence the STS tasks of a suite score (as ``evaluate_sts`` reads them), so that one
+    encoding pass, one actor pool and one model load, serves every task."""
+    sentences: set[str] = set()
+    for task in ALL_TASKS if tasks is None else tasks:
+        pairs = load_task(data_dir, task, split=stsb_split)
+        if pairs is not None:
+            pairs = pairs.head(max_pairs)
+            sentences.update(pairs.sentences1, pairs.sentences2)
+    return sorted(sentences)
+
+
 def evaluate_sts(
     encode: Encoder, data_dir: str | Path, tasks: list[str] | None = None, *, max_pairs: int | None = None,
     stsb_split: str = "test", predictions: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,

@@ -10,10 +10,14 @@ Each evaluation scores STS and two offline retrieval tasks in the BEIR layout bu
 (scripts/make_beir_sets.py: SNLI test premises retrieving their entailments, STS-B dev sentence 1 retrieving
 sentence 2 where the pair scores at least 4).
 
-To finish in about 21 minutes on 2 cores it subsamples NLI: DEMO_NLI_PAIRS (default 1500 per SNLI split) pairs are
-annotated and trained on; Stage 2 takes all 5,749 STS-B train pairs (DEMO_STSB_PAIRS to take fewer), one epoch
-each at batch 64, Stage 2 at lr 2e-5 (configs/stage2/minilm-stsb-cpu.yaml: the paper's 5e-5 is for batch 512 and
-is unstable here). The full-size Stage 1 config is configs/stage1/minilm-snli-cpu.yaml.
+To finish in minutes on 2 cores it subsamples (SIZES below) and says so as it starts; each knob is an environment
+variable, 0 takes all: DEMO_NLI_PAIRS pairs per SNLI split (a seeded sample) are annotated and train Stage 1,
+DEMO_STSB_PAIRS of the 5,749 STS-B train pairs (seeded) train Stage 2, one epoch each at batch 64, Stage 2 at lr 2e-5
+(configs/stage2/minilm-stsb-cpu.yaml: the paper's 5e-5 is for batch 512 and is unstable here); every STS task, and
+STS-B dev during training, is scored on its first DEMO_EVAL_PAIRS pairs; each retrieval task is built from the first
+DEMO_QUERIES queries of its split with every candidate of those queries as the corpus. The promotions score the
+evaluations' suite, so they reuse what the evaluations measured. The full-size Stage 1 config is
+configs/stage1/minilm-snli-cpu.yaml.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ sys.path.insert(0, str(ROOT))
 from runtime.local_head import VENV_BIN, LocalHead, head_env  # noqa: E402
 from scripts.make_beir_sets import make_sets  # noqa: E402
 
+# What the demo subsamples to finish in about 10 minutes on 2 cores (environment variables; 0 takes all).
+SIZES = {"DEMO_NLI_PAIRS": 300, "DEMO_STSB_PAIRS": 1000, "DEMO_EVAL_PAIRS": 300, "DEMO_QUERIES": 300}
 TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"]
 
 
@@ -65,26 +71,34 @@ def submit(head: LocalHead, env: dict[str, str], job_args: list[str]) -> dict:
 def main() -> None:
     started = time.time()
     data = find_data_dir()
-    nli_pairs = int(os.environ.get("DEMO_NLI_PAIRS", 1500))
-    stsb_pairs = int(os.environ.get("DEMO_STSB_PAIRS", 0))  # 0: all
+    sizes = {knob: int(os.environ.get(knob, default)) or None for knob, default in SIZES.items()}  # 0: all
+    nli_pairs, stsb_pairs, eval_pairs, queries = sizes.values()
     out = (ROOT / "outputs" / "demo").resolve()
     shutil.rmtree(out, ignore_errors=True)
     env = head_env({"HF_HUB_OFFLINE": "1"})
     env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{ROOT / 'mlflow.db'}")
     env.setdefault("RAOE_MLFLOW_ARTIFACTS", str(ROOT / "mlartifacts"))
     senteval = data / "senteval"
-    beir = make_sets(data, out / "beir")  # absolute paths: the jobs run in Ray's copy of the working dir
-    evaluate = ["ray_jobs/evaluate.py", "--config", "configs/evaluate/sts.yaml", "--set", f"eval.data_dir={senteval}",
-                "--set", "eval.stsb_split=dev", "--set", "eval.batch_size=128", "--set", f"output_dir={out}/eval",
-                "--set", f"eval.retrieval=[{', '.join(str(p) for p in beir.values())}]"]
-    print(f"demo: data {data}; {nli_pairs} NLI pairs per SNLI split (subsampled to finish in ~21 min; set "
-          f"DEMO_NLI_PAIRS), {stsb_pairs or 'all'} STS-B train pairs (DEMO_STSB_PAIRS)", flush=True)
+    beir = make_sets(data, out / "beir", queries=queries)  # absolute paths: jobs run in Ray's copy of the repo
+    # the evaluations and the promotions score one suite (so promotion reuses what the evaluations measured),
+    # with the whole machine for one encoder actor
+    suite = ["--set", f"eval.data_dir={senteval}", "--set", "eval.stsb_split=dev", "--set", "eval.batch_size=128",
+             "--set", f"eval.retrieval=[{', '.join(str(p) for p in beir.values())}]", "--set", "cpus_per_actor=2",
+             *(["--set", f"eval.max_pairs={eval_pairs}"] if eval_pairs else [])]
+    evaluate = ["ray_jobs/evaluate.py", "--config", "configs/evaluate/sts.yaml", *suite, "--set", f"output_dir={out}/eval"]
+    print(f"demo: data {data}; subsampled (each knob: 0 takes all): {nli_pairs or 'all'} NLI pairs per SNLI split "
+          f"(DEMO_NLI_PAIRS), {stsb_pairs or 'all'} STS-B train pairs (DEMO_STSB_PAIRS), the first "
+          f"{eval_pairs or 'all'} pairs of each STS task and of STS-B dev in training (DEMO_EVAL_PAIRS), retrieval "
+          f"tasks of the first {queries or 'all'} queries (DEMO_QUERIES)", flush=True)
     scores, steps = {}, [
         "annotate SNLI dev+test with the two teachers", "evaluate the student as shipped", "Stage 1 (RAOE)",
         "evaluate S1", "Stage 2 (STS-B)", "evaluate S2", "promote S1 and S2",
     ]
 
+    began: list[float] = []  # when each step began, for the time table at the end
+
     def step(i: int) -> None:
+        began.append(time.time())
         print(f"\n[demo {i}/{len(steps)}] {steps[i - 1]}  ({time.time() - started:.0f} s)", flush=True)
 
     with LocalHead(env) as head:
@@ -92,7 +106,7 @@ def main() -> None:
         step(1)
         annotated = submit(head, env, [
             "ray_jobs/annotate.py", "--config", "configs/annotate/snli-dev-test.yaml",
-            "--set", f"data.train={data / 'snli'}", "--set", f"data.max_rows={nli_pairs}",
+            "--set", f"data.train={data / 'snli'}", *(["--set", f"data.max_rows={nli_pairs}"] if nli_pairs else []),
             "--set", f"output_dir={out}/annotated", "--set", "tracking.run_name=demo-annotate",
             "--set", "data.shuffle_seed=0",
         ])
@@ -101,7 +115,8 @@ def main() -> None:
         step(3)
         common = ["--set", f"eval.data_dir={senteval}", "--set", f"trainer.storage_path={out}/runs",
                   "--set", f"output_dir={out}/models", "--set", "trainer.epochs=1", "--set", "trainer.global_batch_size=64",
-                  "--set", "trainer.eval_every=15", "--set", "data.shuffle_seed=0"]
+                  "--set", "trainer.eval_every=5", "--set", "data.shuffle_seed=0",
+                  *(["--set", f"eval.max_pairs={eval_pairs}"] if eval_pairs else [])]
         s1 = submit(head, env, ["ray_jobs/stage1.py", "--config", "configs/stage1/minilm-snli-cpu.yaml",
                                 "--set", f"data.train={annotated['output_path']}", *common])
         step(4)
@@ -116,10 +131,12 @@ def main() -> None:
         step(7)
         decisions = [submit(head, env, ["ray_jobs/promote.py", "--config", "configs/promote/sts.yaml",
                                         "--set", f"registered_model={r['registered_model']}",
-                                        "--set", f"version={r['version']}", "--set", f"eval.data_dir={senteval}"])
+                                        "--set", f"version={r['version']}", *suite])
                      for r in (s1, s2)]
 
-    print("\nSTS Spearman x100 (SentEval 'all'; STSBenchmark = dev split; tasks without files are absent)\n")
+    sampled = f"the first {eval_pairs} pairs of each task" if eval_pairs else "every pair"
+    print(f"\nSTS Spearman x100 (SentEval 'all' on {sampled}; STSBenchmark = dev split; tasks without files are "
+          f"absent)\n")
     widths = [max(8, len(t) + 2) for t in TASKS]
     print(f"{'model':<26}" + "".join(f"{t:>{w}}" for t, w in zip(TASKS, widths)))
     for name, result in scores.items():
@@ -131,7 +148,8 @@ def main() -> None:
                  else result["metrics"][t] - student[t] for t in TASKS]
         label = name.split()[0] + " - student"
         print(f"{label:<26}" + "".join(f"{'-' if v is None else f'{v:+.2f}':>{w}}" for v, w in zip(cells, widths)))
-    print("\nretrieval (exact search; x100): nDCG@10 / Recall@10 per task\n")
+    built = f"the first {queries} queries of each split, all their candidates" if queries else "each whole split"
+    print(f"\nretrieval (exact search; x100; {built}): nDCG@10 / Recall@10\n")
     print(f"{'model':<26}" + "".join(f"{t:>24}" for t in beir))
     for name, result in scores.items():
         cells = [result["retrieval"][t] for t in beir]
@@ -144,7 +162,12 @@ def main() -> None:
               f"{'champion' if d['promote'] else 'challenger'} ({d['reason']})")
     print(f"\nMLflow: {env['MLFLOW_TRACKING_URI']}  (open with: {VENV_BIN / 'mlflow'} ui --backend-store-uri "
           f"{env['MLFLOW_TRACKING_URI']} --host 127.0.0.1)")
-    print(f"demo finished in {time.time() - started:.0f} s")
+    ended = time.time()
+    print("\nwhere the time went (each job from `ray job submit` to its result line):")
+    names = ["build the retrieval sets, start the Ray head", *steps[:-1], steps[-1] + ", stop the head, tables"]
+    for name, start, end in zip(names, [started, *began], [*began, ended]):
+        print(f"  {end - start:6.0f} s  {name}")
+    print(f"demo finished in {ended - started:.0f} s")
 
 
 if __name__ == "__main__":

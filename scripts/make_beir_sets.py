@@ -6,7 +6,7 @@ a hub. Deterministic; each folder holds corpus.jsonl, queries.jsonl and qrels/te
 - stsb-<split>: each distinct STS-B sentence 1 is a query; sentence 2 is relevant where the pair scores at least 4;
   the corpus is every distinct sentence 2 of the split.
 
-  python scripts/make_beir_sets.py [--data ../shared/data] [--out outputs/beir]
+  python scripts/make_beir_sets.py [--data ../shared/data] [--out outputs/beir] [--queries N]
 """
 
 from __future__ import annotations
@@ -63,16 +63,31 @@ def stsb_pairs(data: Path, split: str) -> list[tuple[str, str, bool]]:
         return [(s1.strip(), s2.strip(), float(score) >= 4.0) for s1, s2, score in csv.reader(f)]
 
 
-def make_sets(data: Path, out: Path, splits=(("snli", "test"), ("stsb", "dev"))) -> dict[str, Path]:
-    """The BEIR folders under ``out`` (written once; an existing folder is kept), by task name."""
+def first_queries(pairs: list[tuple[str, str, bool]], n: int | None) -> list[tuple[str, str, bool]]:
+    """The rows of the first ``n`` distinct queries (all rows when ``n`` is None): a smaller task whose corpus is
+    every candidate of those queries, so its documents are as hard to tell apart as in the whole split."""
+    if n is None:
+        return pairs
+    kept: set[str] = set()
+    for query, _, _ in pairs:
+        if len(kept) == n:
+            break
+        kept.add(query)
+    return [row for row in pairs if row[0] in kept]
+
+
+def make_sets(data: Path, out: Path, splits=(("snli", "test"), ("stsb", "dev")), queries: int | None = None
+              ) -> dict[str, Path]:
+    """The BEIR folders under ``out`` (written once; an existing folder is kept), by task name; with ``queries``,
+    each built from its split's first that many queries (named <source>-<split>-first<queries>)."""
     readers = {"snli": snli_pairs, "stsb": stsb_pairs}
     made = {}
     for source, split in splits:
-        folder = out / f"{source}-{split}"
+        folder = out / (f"{source}-{split}" if queries is None else f"{source}-{split}-first{queries}")
         if not (folder / "qrels" / "test.tsv").exists():
-            queries, corpus, qrels = from_pairs(readers[source](data, split))
-            write_beir(folder, queries, corpus, qrels)
-            print(f"{folder}: {len(queries)} queries, {len(corpus)} documents, "
+            queries_, corpus, qrels = from_pairs(first_queries(readers[source](data, split), queries))
+            write_beir(folder, queries_, corpus, qrels)
+            print(f"{folder}: {len(queries_)} queries, {len(corpus)} documents, "
                   f"{sum(len(d) for d in qrels.values())} relevant pairs")
         made[folder.name] = folder
     return made
@@ -82,8 +97,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data", help="the development data")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "beir", help="where the BEIR folders go")
+    parser.add_argument("--queries", type=int, default=None, help="build each set from its first N queries only")
     args = parser.parse_args()
-    make_sets(args.data, args.out)
+    make_sets(args.data, args.out, queries=args.queries)
 
 
 if __name__ == "__main__":

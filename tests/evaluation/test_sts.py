@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from evaluation.sts import evaluate_sts, stsb_dev_spearman
+from evaluation.sts import evaluate_sts, stsb_dev_spearman, suite_sentences
 
 # Subset A: cosine rises with gold (Spearman +100); subset B: it falls (-100). The mean of the subsets is 0,
 # but pooling both before one Spearman gives another number: the "all" setting must pool.
@@ -65,6 +65,29 @@ def test_known_values_and_absent_tasks(senteval):
     assert result["STS13"] is None and result["SICKRelatedness"] is None  # absent, not zero
     assert result["avg"] == pytest.approx((result["STS12"] + 100.0) / 2)  # average of the present tasks only
     assert stsb_dev_spearman(encode, root) == pytest.approx(100.0)  # training's selection uses the same path
+
+
+def test_one_encoding_pass_of_the_suite_sentences_serves_every_task(senteval, monkeypatch):
+    """The evaluate and promote jobs encode the suite's sentences in one Ray Data pass (one actor pool, one model
+    load), not one per task; every task then reads its embeddings from that pass, and the scores are unchanged."""
+    from types import SimpleNamespace
+
+    from evaluation import encode as encode_module
+
+    root, encode = senteval
+    passes = []
+
+    def one_pass(model_path, sentences, *, batch_size, pool):
+        passes.append(list(sentences))
+        return encode(sentences)
+
+    monkeypatch.setattr(encode_module, "ray_encode", one_pass)
+    tasks = ["STS12", "STS13", "STSBenchmark"]
+    cfg = SimpleNamespace(data_dir=root, tasks=tasks, max_pairs=3, stsb_split="dev", batch_size=8)
+    scores = encode_module.score_with_ray("unused", cfg)
+    assert len(passes) == 1 and sorted(passes[0]) == suite_sentences(root, tasks, max_pairs=3, stsb_split="dev")
+    assert len(passes[0]) == 2 * (3 + 3)  # the first 3 pairs of STS12 (its subsets pooled) and of STS-B dev
+    assert scores == evaluate_sts(encode, root, tasks, max_pairs=3, stsb_split="dev")
 
 
 def test_student_scores_equal_a_direct_sentence_transformers_computation(dev_data):
