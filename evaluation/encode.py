@@ -7,7 +7,7 @@ import numpy as np
 from encoders.backbone import inference_embeddings, load_encoder
 from encoders.devices import EncoderPool, actor_device, pool_resources
 from evaluation.search import normalised
-from evaluation.sts import evaluate_sts, suite_sentences
+from evaluation.sts import evaluate_sts
 
 ONE_ACTOR = EncoderPool()
 
@@ -76,7 +76,5 @@ def score_with_ray(model_path: str, eval_cfg, *, pool: EncoderPool = ONE_ACTOR, 
     """The STS suite of ``eval_cfg`` (an EvalConfig) for one model, encoded by a Ray Data actor pool; ``score``
     replaces the cosine (an RSE model's relation score); ``cache`` shares embeddings between calls."""
     encode = ray_encoder(model_path, eval_cfg.batch_size, pool=pool, cache=cache)
-    encode(suite_sentences(eval_cfg.data_dir, eval_cfg.tasks, max_pairs=eval_cfg.max_pairs,
-                           stsb_split=eval_cfg.stsb_split))  # one pool for every task, not one per task
     return evaluate_sts(encode, eval_cfg.data_dir, eval_cfg.tasks, max_pairs=eval_cfg.max_pairs,
                         stsb_split=eval_cfg.stsb_split, predictions=predictions, score=score)

