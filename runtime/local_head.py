@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from runtime.local_ray import SAFE_LOCAL_ENV
+from runtime.local_ray import LOCAL_SYSTEM_CONFIG, SAFE_LOCAL_ENV
 
 VENV_BIN = Path(sys.executable).parent
 # Ray's job API answers this while the head's job agent has not registered yet (its wait is 10 s, which a busy
@@ -47,7 +47,8 @@ class LocalHead:
     def __enter__(self) -> LocalHead:
         cmd = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()),
                "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard),
-               "--num-cpus", str(self.num_cpus), "--disable-usage-stats"]
+               "--num-cpus", str(self.num_cpus), "--disable-usage-stats",
+               "--system-config", json.dumps(LOCAL_SYSTEM_CONFIG)]
         subprocess.run(cmd, env=self.env, check=True, stdout=subprocess.DEVNULL)
         return self
 
