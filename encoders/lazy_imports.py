@@ -1,9 +1,10 @@
 """Heavy optional packages imported on first use, not when a library merely imports them for a rarely used path.
 
 Every process that encodes text (each training worker, encoding actor and job driver) imports sentence-transformers,
-and through it two packages it does not use here, about 3.5 s of CPU each time (measured on this machine):
+and through it four packages it does not use here, about 4.4 s of CPU each time (measured on the machines that wrote
+this; another 2-core machine pays up to 2x):
 
-- bitsandbytes (~1.5 s): peft imports it whenever it is installed, and it wraps its kernels in ``torch.compile`` at
+- bitsandbytes (~1.5 s): peft imports it whenever it is installed (it is deferred too, see below), and it wraps its kernels in ``torch.compile`` at
   import, which loads TorchDynamo and Inductor. It stays a stand-in module (name, file and spec only, what
   ``inspect`` and pickling look at when they scan ``sys.modules``) until something uses it (a 4-bit QLoRA run, a
   submodule import); then the real package is imported and the stand-in forwards to it.
@@ -12,6 +13,10 @@ and through it two packages it does not use here, about 3.5 s of CPU each time (
   that one module is imported, ``sklearn.metrics`` is a stand-in that hands out ``pairwise_distances`` as a function
   importing the real one on its first call; the stand-in is gone once the module is imported, so any other import of
   scikit-learn (k-means seeds of the ranked lists) is the real one, and so is the first call.
+- peft (~0.55 s): transformers' trainer utilities take ``PeftModel`` and ``PeftMixedModel`` at import, only to ask
+  ``isinstance`` of a model. While that module is imported they are stand-in classes: nothing is an instance of one
+  until peft is really imported (no object can be a PeftModel before that), then they are the real classes.
+- SciPy's optimizers (~0.35 s): transformers' object-detection loss takes ``linear_sum_assignment`` at import.
 """
 
 from __future__ import annotations
@@ -25,8 +30,6 @@ import sys
 import types
 
 DEFERRED = ("bitsandbytes",)
-# module being imported -> {module it imports: the names it takes from it at import, all functions}
-DEFERRED_DURING = {"sentence_transformers.util.similarity": {"sklearn.metrics": ("pairwise_distances",)}}
 _DUNDERS_THAT_LOAD = ("__path__", "__version__", "__all__")
 
 
@@ -67,17 +70,61 @@ def deferred_function(module: str, name: str):
     return call
 
 
-class _FunctionsOnCall(types.ModuleType):
-    """Stands in for ``module`` while another module is imported: the listed names come out as deferred functions;
+class _DeferredClassType(type):
+    """The type of a class standing in for ``module.name``: nothing is an instance or subclass of it until
+    ``module`` is really imported; any other use (a call, a class attribute) imports it and forwards."""
+
+    def _real(cls) -> type:
+        return getattr(importlib.import_module(cls._module), cls.__name__)
+
+    def _imported(cls) -> bool:
+        module = sys.modules.get(cls._module)
+        return module is not None and not isinstance(module, (DeferredModule, _NamesOnUse))
+
+    def __instancecheck__(cls, obj) -> bool:
+        return cls._imported() and isinstance(obj, cls._real())
+
+    def __subclasscheck__(cls, sub) -> bool:
+        return cls._imported() and issubclass(sub, cls._real())
+
+    def __call__(cls, *args, **kwargs):
+        return cls._real()(*args, **kwargs)
+
+    def __getattr__(cls, attr: str):
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        return getattr(cls._real(), attr)
+
+
+def deferred_class(module: str, name: str) -> type:
+    """``module.name`` as a class for ``isinstance`` checks that imports ``module`` only on another use."""
+    return _DeferredClassType(name, (), {"_module": module, "__module__": module,
+                                         "__doc__": f"{module}.{name}, imported on its first use"})
+
+
+# module being imported -> {module it imports: {name it takes from it at import: the stand-in's factory}}
+DEFERRED_DURING = {
+    "sentence_transformers.util.similarity": {"sklearn.metrics": {"pairwise_distances": deferred_function}},
+    "transformers.trainer_utils": {"peft": {"PeftModel": deferred_class, "PeftMixedModel": deferred_class}},
+    "transformers.trainer": {"peft": {"PeftModel": deferred_class}},
+    # the object-detection losses transformers imports with every model (their Hungarian matching)
+    **{f"transformers.loss.loss_{name}": {"scipy.optimize": {"linear_sum_assignment": deferred_function}}
+       for name in ("for_object_detection", "rt_detr", "deformable_detr", "grounding_dino", "lw_detr", "rf_detr")},
+}
+
+
+class _NamesOnUse(types.ModuleType):
+    """Stands in for ``module`` while another module is imported: the listed names come out as their stand-ins;
     anything else imports the real module."""
 
-    def __init__(self, name: str, functions: tuple[str, ...]):
+    def __init__(self, name: str, stand_ins: dict, spec):
         super().__init__(name)
-        self._functions = functions
+        self._stand_ins = stand_ins
+        self.__spec__ = spec  # what importlib.util.find_spec answers for a module in sys.modules (is it installed?)
 
     def __getattr__(self, attr: str):
-        if attr in self._functions:
-            return deferred_function(self.__name__, attr)
+        if attr in self._stand_ins:
+            return self._stand_ins[attr](self.__name__, attr)
         if attr.startswith("__") and attr.endswith("__"):
             raise AttributeError(attr)  # __path__ too: the import system asks it of every module it imports from
         sys.modules.pop(self.__name__, None)
@@ -85,11 +132,16 @@ class _FunctionsOnCall(types.ModuleType):
 
 
 @contextlib.contextmanager
-def _stand_ins(imports: dict[str, tuple[str, ...]]):
+def _stand_ins(imports: dict[str, dict]):
     placed = {}
-    for name, functions in imports.items():
-        if name not in sys.modules:
-            placed[name] = sys.modules[name] = _FunctionsOnCall(name, functions)
+    for name, stand_ins in imports.items():
+        if name in sys.modules:
+            continue
+        if "." in name:  # a submodule's spec needs its package imported: only its name, then
+            spec = importlib.machinery.ModuleSpec(name, None)
+        elif (spec := importlib.machinery.PathFinder.find_spec(name)) is None:
+            continue  # not installed: the import fails as it would without a stand-in
+        placed[name] = sys.modules[name] = _NamesOnUse(name, stand_ins, spec)
     try:
         yield
     finally:
@@ -99,7 +151,7 @@ def _stand_ins(imports: dict[str, tuple[str, ...]]):
 
 
 class _LoaderWithStandIns(importlib.abc.Loader):
-    def __init__(self, loader, imports: dict[str, tuple[str, ...]]):
+    def __init__(self, loader, imports: dict[str, dict]):
         self.loader, self.imports = loader, imports
 
     def create_module(self, spec):
@@ -113,7 +165,7 @@ class _LoaderWithStandIns(importlib.abc.Loader):
 class _DeferDuring(importlib.abc.MetaPathFinder):
     """Finds the modules of ``during`` as the path finder does, and imports them with their stand-ins."""
 
-    def __init__(self, during: dict[str, dict[str, tuple[str, ...]]]):
+    def __init__(self, during: dict[str, dict[str, dict]]):
         self.during = during
 
     def find_spec(self, name, path, target=None):
@@ -127,7 +179,7 @@ class _DeferDuring(importlib.abc.MetaPathFinder):
 
 
 def defer_optional_imports(names: tuple[str, ...] = DEFERRED,
-                           during: dict[str, dict[str, tuple[str, ...]]] = DEFERRED_DURING) -> None:
+                           during: dict[str, dict[str, dict]] = DEFERRED_DURING) -> None:
     """Stand-ins for each installed, not yet imported package in ``names``, and for the imports of the modules of
     ``during`` while they are imported (once per process: a second call with the same ``during`` adds nothing)."""
     for name in names:
