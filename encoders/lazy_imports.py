@@ -4,10 +4,11 @@ Every process that encodes text (each training worker, encoding actor and job dr
 and through it four packages it does not use here, about 4.4 s of CPU each time (measured on the machines that wrote
 this; another 2-core machine pays up to 2x):
 
-- bitsandbytes (~1.5 s): peft imports it whenever it is installed (it is deferred too, see below), and it wraps its kernels in ``torch.compile`` at
-  import, which loads TorchDynamo and Inductor. It stays a stand-in module (name, file and spec only, what
-  ``inspect`` and pickling look at when they scan ``sys.modules``) until something uses it (a 4-bit QLoRA run, a
-  submodule import); then the real package is imported and the stand-in forwards to it.
+- bitsandbytes (~1.5 s): peft imports it whenever it is installed (peft is deferred too, see below), and it wraps
+  its kernels in ``torch.compile`` at import, which loads TorchDynamo and Inductor. It stays a stand-in module
+  (name, file and spec only, what ``inspect`` and pickling look at when they scan ``sys.modules``) until something
+  uses it (a 4-bit QLoRA run, a submodule import); then the real package is imported and the stand-in forwards to
+  it.
 - scikit-learn (~2 s with the SciPy and pandas parts it loads): sentence-transformers' similarity module imports
   ``sklearn.metrics.pairwise_distances`` at import, for its Manhattan score of sparse embeddings. While
   that one module is imported, ``sklearn.metrics`` is a stand-in that hands out ``pairwise_distances`` as a function
