@@ -2,10 +2,11 @@
 restarted driver) skips parsing and validation and reads Arrow straight back.
 
 A cached corpus is keyed by everything that decides its rows: each file's path, size and modification time (as
-``make`` decides), the corpus kind, format, split, ``max_rows``, ``shuffle_seed``, ``on_bad_record`` and this
-module's format version. It lives under ``<trainer.storage_path>/corpus_cache/<key>/`` (the storage every node of a
-cluster reaches): ``rows/`` (Parquet written from the cluster), ``quarantine.jsonl`` (the bad rows, if any) and
-``report.json``. Each write goes to a folder of its own, renamed into place when whole."""
+``make`` decides; its ETag on object storage), the corpus kind, format, split, ``max_rows``, ``shuffle_seed``,
+``on_bad_record`` and this module's format version. It lives under ``<trainer.storage_path>/corpus_cache/<key>/``
+(the storage every node of a cluster reaches): ``rows/`` (Parquet written from the cluster), ``quarantine.jsonl``
+(the bad rows, if any) and ``report.json``. Each write goes to a folder of its own, renamed into place when
+whole."""
 
 from __future__ import annotations
 
@@ -15,15 +16,16 @@ import shutil
 import uuid
 from pathlib import Path
 
+from runtime.storage import file_identity
+
 CACHE_VERSION = 1
 REPORT = "report.json"
 
 
 def corpus_key(kind: str, files: list[Path], fmt: str, **options) -> str:
     """A stable key of what decides the validated rows (``options``: split, max_rows, shuffle_seed, on_bad_record)."""
-    stats = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) if f.is_file() else
-             (str(f.resolve()), *sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in f.iterdir()))
-             for f in files]
+    stats = [file_identity(f) if f.is_file() else
+             (file_identity(f)[0], *sorted((p.name, *file_identity(p)[1:]) for p in f.iterdir())) for f in files]
     identity = json.dumps({"version": CACHE_VERSION, "kind": kind, "format": fmt, "files": stats, **options},
                           sort_keys=True, default=str)
     return hashlib.sha256(identity.encode()).hexdigest()[:24]

@@ -42,7 +42,7 @@ def file_spans(path: Path, target_bytes: int, chunk_bytes: int = 8 << 20) -> lis
     if size <= target_bytes:
         return [Span(0, size, 1)]
     spans, start, first_line, line, offset, cut = [], 0, 1, 1, 0, target_bytes
-    with open(path, "rb") as f:
+    with path.open("rb") as f:  # a Path or an object-store UPath (runtime.storage)
         while chunk := f.read(chunk_bytes):
             position = 0
             while offset + len(chunk) > cut:  # the first line end at or after ``cut`` closes a span
@@ -63,7 +63,7 @@ def file_spans(path: Path, target_bytes: int, chunk_bytes: int = 8 << 20) -> lis
 def _lines(path: Path, span: Span | None = None) -> Iterator[tuple[int, str | None, str | None]]:
     """(line number, text, decode error) for every non-blank line (of ``span``, else of the file); bad UTF-8 is
     reported, not skipped; a UTF-8 byte order mark and CRLF line ends are accepted."""
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         lines = f
         if span is not None:
             f.seek(span.start)
@@ -229,7 +229,9 @@ def _ranked_list(record: dict) -> Row:
 def _parquet(path: Path, convert: Callable[[dict], Row]) -> Iterator[Row]:
     import pyarrow.parquet as pq
 
-    for number, record in enumerate(pq.read_table(path).to_pylist(), start=1):
+    with path.open("rb") as f:
+        records = pq.read_table(f).to_pylist()
+    for number, record in enumerate(records, start=1):
         yield _guard(lambda r=record: convert(r), str(path), number, json.dumps(record, default=str))
 
 
@@ -301,7 +303,7 @@ def has_nli_labels(path: Path) -> bool:
 
 
 def _first_line(path: Path) -> str:
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         return io.TextIOWrapper(f, encoding="utf-8", errors="replace").readline()
 
 

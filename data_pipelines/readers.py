@@ -11,6 +11,7 @@ from typing import Any, Literal
 from data_pipelines.corpus_cache import corpus_key, read_cached, write_cached
 from data_pipelines.formats import FIELDS, PARSERS, SPLITTABLE, Span, detect_format, file_spans, parse
 from data_pipelines.hub import hub_rows, is_hub_source
+from runtime.storage import storage_path
 
 MAX_LISTED = 20
 SPAN_BYTES = 16 << 20  # text per read task: bounds a task's memory (its rows as Python objects) and spreads a file
@@ -43,9 +44,10 @@ SUFFIX_FORMATS = {(".parquet",): ("parquet",), (".csv", ".tsv"): ("csv", "stsb_c
 
 
 def corpus_files(path: str | Path, kind: str, fmt: str) -> tuple[list[Path], str]:
-    """The files (or SentEval folder) behind ``path`` and the format that reads them; a format that cannot read
-    them (data.format senteval_nli on a file, parquet on a .jsonl, ...) is an error naming both."""
-    root = Path(path).expanduser()
+    """The files (or SentEval folder) behind ``path`` (local or on object storage: runtime.storage) and the format
+    that reads them; a format that cannot read them (data.format senteval_nli on a file, parquet on a .jsonl, ...) is
+    an error naming both."""
+    root = storage_path(path)
     if not root.exists():
         raise FileNotFoundError(f"data path {str(root)!r} does not exist")
     if root.is_dir() and fmt in ("auto", "senteval_nli") and any(root.glob("s1.*")):
@@ -84,7 +86,7 @@ def read_raw(kind: str, path: str | Path, fmt: str = "auto", split: str | None =
 
     def parse_item(item: dict[str, Any]) -> list[dict[str, Any]]:
         span = None if item["start"] is None else Span(item["start"], item["end"], item["first_line"])
-        return list(parse(kind, fmt, Path(item["path"]), split, span))
+        return list(parse(kind, fmt, storage_path(item["path"]), split, span))
 
     ds = ray.data.from_items(items, override_num_blocks=len(items))
     return ds.flat_map(parse_item), [str(f) for f in files], fmt

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+from runtime.storage import STORAGE_ENV
+
 # DESIGN.md, measured here: this makes every Ray listener bind to loopback; it also turns on token
 # auth, which local runs switch off (a stale ~/.ray/auth_token otherwise kills actors).
 SAFE_LOCAL_ENV = {
@@ -21,7 +23,7 @@ SAFE_LOCAL_ENV = {
 # Variables that workers need too: the driver's environment does not reach a running cluster's workers.
 FORWARDED_ENV = (
     "MLFLOW_TRACKING_URI", "MLFLOW_DISABLE_TELEMETRY", "HF_HUB_OFFLINE", "HF_HOME", "RAOE_CACHE",
-    "TORCH_EXTENSIONS_DIR", "TOKENIZERS_PARALLELISM", "RAOE_DEV_DATA",
+    "TORCH_EXTENSIONS_DIR", "TOKENIZERS_PARALLELISM", "RAOE_DEV_DATA", *STORAGE_ENV,
 )
 
 # A local Ray started by a job is one node that lives and dies with the job: Ray Train's preemption watcher (an actor

@@ -17,6 +17,26 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 # test turns it on: users get it by default).
 os.environ.setdefault("RAOE_RAY_DASHBOARD", "0")
 
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# Object storage in the tests is an S3-compatible server on 127.0.0.1 (moto's, started by the ``s3`` fixture when a
+# test first needs it), never a real bucket: its address and throwaway keys are set before any Ray starts, so every
+# worker of every local Ray reaches it as a cluster's nodes reach S3, through the standard AWS variables.
+# (This file is imported twice, as pytest's conftest and as tests.conftest: both must name the same port.)
+S3_ENDPOINT = os.environ.setdefault("RAOE_TEST_S3_ENDPOINT", f"http://127.0.0.1:{_free_port()}")
+os.environ.update(AWS_ENDPOINT_URL=S3_ENDPOINT, AWS_ACCESS_KEY_ID="raoe-test", AWS_SECRET_ACCESS_KEY="raoe-test",
+                  AWS_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
+for _key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+    os.environ.pop(_key, None)
+
 ROOT = Path(__file__).resolve().parent.parent
 # DeepSpeed compiles a CPU op (25-80 s here) into this folder when it starts on CPU, and rebuilds it when the folder
 # changes or was built from another checkout's paths: one folder for the whole session, per checkout (git ignores it).
@@ -57,6 +77,51 @@ def shared_ray() -> None:
 
     if not ray.is_initialized():
         start_ray(num_cpus=2)
+
+
+class S3Bucket:
+    """A bucket on the tests' S3 endpoint: ``uri(key)`` names an object, ``upload`` copies a local file or folder."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.name}/{key}"
+
+    def upload(self, local: Path, key: str) -> str:
+        from runtime.storage import storage_path
+
+        files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+        for file in files:
+            target = key if local.is_file() else f"{key}/{file.relative_to(local).as_posix()}"
+            storage_path(self.uri(target)).write_bytes(file.read_bytes())
+        return self.uri(key)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on the endpoint the environment names, for the whole session."""
+    from urllib.parse import urlparse
+
+    from moto.server import ThreadedMotoServer
+
+    address = urlparse(S3_ENDPOINT)
+    server = ThreadedMotoServer(ip_address=address.hostname, port=address.port, verbose=False)
+    server.start()
+    yield S3_ENDPOINT
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, request):
+    """A fresh bucket for this test on the local S3 endpoint."""
+    import re
+
+    import boto3
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") + f"-{_free_port()}"
+    boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=name)
+    return S3Bucket(name)
 
 
 @pytest.fixture

@@ -54,7 +54,9 @@ def test_resubmitting_a_run_name_resumes_it_from_its_last_whole_checkpoint(resub
     assert again == pytest.approx(first, rel=ONE_STEP_APART_REL)
 
 
-def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, tmp_path):
+def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, tmp_path, s3):
+    """Stage 2 from the registered Stage 1 URI, reading its STS-B train file from object storage (the local S3
+    endpoint): the Ray Data tasks and the run read the same 64 rows as from disk."""
     from mlflow import MlflowClient
 
     from encoders.backbone import inference_embeddings, load_encoder
@@ -72,12 +74,15 @@ def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, 
     np.testing.assert_allclose(inference_embeddings(load_encoder(download_model(s1_uri)), texts),
                                inference_embeddings(load_encoder(resubmitted["model_path"]), texts), atol=1e-6)
 
-    s2 = run_training(tiny_config(train_env, "stage2-from-uri", f"data.train={sts}", f"model.init_from={s1_uri}",
+    on_s3 = s3.upload(sts, "stsb/sts-train.csv")
+    s2 = run_training(tiny_config(train_env, "stage2-from-uri", f"data.train={on_s3}", f"model.init_from={s1_uri}",
                                   "trainer.global_batch_size=16", "trainer.max_steps=2", stage="stage2"))
     assert s2["registered_model"] == "raoe-s2" and s2["model_uri"] == f"models:/raoe-s2/{s2['version']}"
+    assert (s2["rows_in"], s2["rows_written"]) == (64, 64)
     client = MlflowClient()
     version = client.get_model_version("raoe-s2", str(s2["version"]))
     assert version.tags["start_model"] == s1_uri and version.tags["raoe.stage"] == "stage2"
+    assert version.tags["data"] == on_s3
     assert {m.name for m in client.search_registered_models()} >= {"raoe-s1", "raoe-s2"}
     assert not np.allclose(inference_embeddings(load_encoder(s2["model_path"]), texts),
                            inference_embeddings(load_encoder(resubmitted["model_path"]), texts), atol=1e-4)

@@ -1,0 +1,54 @@
+"""One storage layer: a path a job reads may be a local path, a ``file://`` URI or an object-store URI (``s3://``,
+``gs://``, ``abfs://``, any fsspec protocol), and the code reading it is the same.
+
+``storage_path`` gives a pathlib object for each: ``pathlib.Path`` for local paths, universal_pathlib's ``UPath``
+(pathlib's API over fsspec) for object storage. Readers use only what both share (``open``, ``stat``, ``is_dir``,
+``glob``, ``rglob``, ``iterdir``, ``/``, ``name``, ``suffix``), never ``open(path)``, ``os.path`` or ``shutil``.
+
+Credentials and endpoints come from the standard variables of each store, nothing raoe-specific: for S3
+``AWS_ENDPOINT_URL`` (an S3-compatible server such as MinIO), ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_REGION``, or an instance role on a cloud node. Every node that reads must see them: a cluster's nodes through
+their own environment (the cluster YAML, an instance role), a local Ray through the driver's. A Ray started or
+joined by a job also gets the driver's endpoint, region and profile (not its secrets, which a job's runtime
+environment would show on the dashboard) through runtime.local_ray.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+# Where the object stores are (never a secret): handed from a job's driver to every Ray worker it starts.
+STORAGE_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE",
+               "MLFLOW_S3_ENDPOINT_URL")
+
+
+def is_uri(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names object storage (``s3://...``): ``file://`` URIs and plain paths are local."""
+    text = str(path)
+    return "://" in text and not text.startswith("file://")
+
+
+def storage_path(path: str | os.PathLike):
+    """A pathlib object for ``path``: ``Path`` for a local path or ``file://`` URI, ``UPath`` for object storage."""
+    text = str(path)
+    if text.startswith("file://"):
+        return Path(unquote(urlparse(text).path))
+    if is_uri(text):
+        from upath import UPath  # fsspec and the store's client (s3fs, gcsfs, adlfs) load only for a URI
+
+        # No listing cache: a long-lived process (a sweep's driver, a notebook) must see objects written since.
+        return UPath(text, use_listings_cache=False)
+    return Path(text).expanduser()
+
+
+def file_identity(path) -> tuple:
+    """What says a file is unchanged: (where, size, version). The version is the modification time on a file
+    system, the ETag (a hash of the content) where the store gives one."""
+    if isinstance(path, Path):
+        stat = path.stat()
+        return str(path.resolve()), stat.st_size, stat.st_mtime_ns
+    info = path.fs.info(path.path)
+    return str(path), int(info.get("size") or 0), str(info.get("ETag") or info.get("etag") or info.get("md5Hash")
+                                                      or path.stat().st_mtime_ns)

@@ -1,0 +1,92 @@
+"""Corpora on object storage (runtime.storage) read exactly as the same files on disk, by the Ray Data tasks, on the
+tests' local S3 endpoint: every layout (a file read in spans, Parquet, a folder of files, a SentEval NLI folder),
+bad records named by their URI and line, and the corpus cache keyed by the object's content (its ETag)."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import data_pipelines.readers as readers
+from data_pipelines.readers import BadDataError, load_corpus
+from runtime.storage import is_uri, storage_path
+
+
+def _pairs(count: int, bad_line: int | None = None) -> str:
+    rows = [json.dumps({"text1": f"premise {i}", "text2": f"hypothesis {i}", "label": i % 3, "similarity": i / count})
+            for i in range(count)]
+    if bad_line is not None:
+        rows[bad_line - 1] = '{"text1": "a", "text2": "b", "label": "unsure"}'
+    return "\n".join(rows) + "\n"
+
+
+def _layouts(root):
+    """Local corpora of every layout: name -> (kind, path)."""
+    (root / "spans.jsonl").write_text(_pairs(60))
+    pq.write_table(pa.Table.from_pylist([{"text": f"sentence {i}"} for i in range(25)]), root / "sentences.parquet")
+    folder = root / "folder"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(_pairs(7))
+    (folder / "b.jsonl").write_text(_pairs(9))
+    senteval = root / "senteval"
+    senteval.mkdir()
+    (senteval / "s1.train").write_text("".join(f"premise {i}\n" for i in range(6)))
+    (senteval / "s2.train").write_text("".join(f"hypothesis {i}\n" for i in range(6)))
+    (senteval / "labels.train").write_text("".join(f"{('entailment', 'neutral', 'contradiction')[i % 3]}\n"
+                                                   for i in range(6)))
+    return {"spans": ("pairs", root / "spans.jsonl"), "parquet": ("sentences", root / "sentences.parquet"),
+            "folder": ("pairs", folder), "senteval": ("pairs", senteval)}
+
+
+def _rows(kind, path, **options):
+    ds, report = load_corpus(kind, path, split="train", **options)
+    return sorted(json.dumps(r, sort_keys=True) for r in ds.take_all()), report
+
+
+def test_every_layout_on_s3_reads_the_rows_of_the_same_files_on_disk(s3, tmp_path, monkeypatch):
+    monkeypatch.setattr(readers, "SPAN_BYTES", 1024)  # the 60-row file is read as several spans, in several tasks
+    for name, (kind, local) in _layouts(tmp_path).items():
+        uri = s3.upload(local, f"corpora/{name}" + (local.suffix if local.is_file() else ""))
+        on_disk, local_report = _rows(kind, local)
+        on_s3, report = _rows(kind, uri)
+        assert on_s3 == on_disk and len(on_s3) == local_report.rows_written > 0, name
+        assert report.format == local_report.format and all(f.startswith(uri) for f in report.files), name
+    assert len(readers.file_spans(storage_path(s3.uri("corpora/spans.jsonl")), 1024)) > 2
+
+
+def test_a_bad_record_on_s3_is_named_by_its_uri_and_line(s3, tmp_path):
+    local = tmp_path / "pairs.jsonl"
+    local.write_text(_pairs(12, bad_line=8))
+    uri = s3.upload(local, "bad/pairs.jsonl")
+    with pytest.raises(BadDataError) as failed:
+        load_corpus("pairs", uri)
+    assert f"{uri}:8: unknown label 'unsure'" in str(failed.value)
+    ds, report = load_corpus("pairs", uri, on_bad_record="quarantine", quarantine_path=tmp_path / "q.jsonl")
+    assert (report.rows_in, report.rows_written, report.rows_quarantined) == (12, 11, 1) and ds.count() == 11
+    assert [json.loads(line)["source"] for line in (tmp_path / "q.jsonl").read_text().splitlines()] == [uri]
+
+
+def test_the_corpus_cache_reads_an_unchanged_object_back_and_revalidates_a_rewritten_one(s3, tmp_path):
+    """The key holds the object's ETag (an MD5 of its content on S3): a rewritten object of the same size and name is
+    validated again, not served from the cache."""
+    local = tmp_path / "pairs.jsonl"
+    local.write_text(_pairs(10))
+    uri = s3.upload(local, "cached/pairs.jsonl")
+    cache = tmp_path / "cache"
+    first, written = _rows("pairs", uri, cache_dir=cache)
+    again, read = _rows("pairs", uri, cache_dir=cache)
+    assert (written.cache, read.cache) == ("written", "read") and again == first
+    local.write_text(_pairs(10).replace("premise", "Premise"))  # same size, other content
+    s3.upload(local, "cached/pairs.jsonl")
+    changed, report = _rows("pairs", uri, cache_dir=cache)
+    assert report.cache == "written" and changed != first and len(changed) == len(first)
+
+
+def test_storage_paths_are_local_for_plain_paths_and_file_uris(tmp_path):
+    from pathlib import Path
+
+    assert storage_path(f"file://{tmp_path}/a b.jsonl") == tmp_path / "a b.jsonl"
+    assert storage_path("~/x") == Path.home() / "x" and type(storage_path("x")) is type(Path("x"))
+    assert is_uri("s3://bucket/key") and is_uri("gs://b/k") and not is_uri("file:///tmp/x") and not is_uri("/tmp/x")
+    assert str(storage_path("s3://bucket/folder") / "part.jsonl") == "s3://bucket/folder/part.jsonl"
