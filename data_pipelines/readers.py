@@ -109,15 +109,15 @@ def load_corpus(
     cached_folder = listed = None
     if cache_dir is not None and not is_hub_source(path):
         listed = files, resolved = corpus_files(path, kind, fmt)
-        cached_folder = Path(cache_dir) / corpus_key(kind, files, resolved, split=split, max_rows=max_rows,
+        cached_folder = storage_path(cache_dir) / corpus_key(kind, files, resolved, split=split, max_rows=max_rows,
                                                      shuffle_seed=shuffle_seed, on_bad_record=on_bad_record)
         cached = read_cached(cached_folder, quarantine_path)
         if cached is not None:
             print(f"[raoe] validated corpus from the cache {cached_folder} (files unchanged)", flush=True)
             return cached[0], DataReport(**{**cached[1], "cache": "read"})
     good, report = _validated(kind, path, fmt, split, max_rows, shuffle_seed, on_bad_record, quarantine_path, listed)
-    if cached_folder is not None and report.rows_written:
-        write_cached(cached_folder, good, {**report.as_dict(), "cache": None})
+    if cached_folder is not None and report.rows_written and write_cached(cached_folder, good,
+                                                                          {**report.as_dict(), "cache": None}):
         report.cache = "written"
     return good, report
 

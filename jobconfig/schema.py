@@ -143,7 +143,7 @@ class DataConfig(Section):
     shuffle_seed: int | None = Field(None, description="shuffle rows with this seed before max_rows (fair subsamples)")
     on_bad_record: Literal["fail", "quarantine"] = Field("fail", description="stop on bad rows, or set them aside")
     cache: bool = Field(True, description="keep the validated corpus as Parquet under <trainer.storage_path>/"
-                        "corpus_cache and reuse it while the files are unchanged (path, size, modification time): a "
+                        "corpus_cache and reuse it while the files are unchanged (path, size, modification time or ETag): a "
                         "sweep trial or a resubmission skips parsing and validation")
     prefetch: bool | None = Field(None, description="take and tokenise the next micro-batch in a background thread "
                                   "while the current one trains; null: on with GPUs, off on CPU, where the thread "

@@ -52,3 +52,16 @@ def file_identity(path) -> tuple:
     info = path.fs.info(path.path)
     return str(path), int(info.get("size") or 0), str(info.get("ETag") or info.get("etag") or info.get("md5Hash")
                                                       or path.stat().st_mtime_ns)
+
+
+def remove_tree(path) -> None:
+    """Delete a folder (or a prefix of objects) and everything under it; nothing happens if it is not there."""
+    if isinstance(path, Path):
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    try:
+        path.fs.rm(path.path, recursive=True)
+    except FileNotFoundError:
+        pass

@@ -239,11 +239,16 @@ def _without_similarity(table):
     return pc.fill_null(pc.is_nan(column.cast(pa.float64())), True)
 
 
-def _corpus_cache(cfg: TrainJobConfig) -> Path | None:
-    """Where validated corpora are kept (data.cache): beside the checkpoints, on storage every node reaches. Not on
-    an object store (s3://, gs://), which Parquet caching here does not write to."""
+def _corpus_cache(cfg: TrainJobConfig) -> str | None:
+    """Where validated corpora are kept (data.cache): beside the checkpoints, on storage every node reaches (a shared
+    folder or an object store)."""
+    return f"{_storage(cfg)}/corpus_cache" if cfg.data.cache else None
+
+
+def _run_folder_uri(cfg: TrainJobConfig, path: str) -> str:
+    """Ray Train's run folder as the user names it: Ray gives a path inside its file system, without the scheme."""
     storage = _storage(cfg)
-    return Path(storage) / "corpus_cache" if cfg.data.cache and "://" not in storage else None
+    return f"{storage.split('://')[0]}://{path.lstrip('/')}" if "://" in storage else path
 
 
 def _storage(cfg: TrainJobConfig) -> str:
@@ -355,7 +360,8 @@ def _payload(cfg: TrainJobConfig, pre: Preflight, result, best_metrics: dict, re
         "corpus_cache": report.cache,  # "read" or "written" (data.cache), None when not cached (RSE's mix)
         "plan": plan.as_dict(), "strategy": cfg.trainer.strategy, "num_workers": cfg.trainer.num_workers,
         "quantization": cfg.model.quantization, "lora": cfg.model.lora.model_dump() if cfg.model.lora else None,
-        "checkpoint_path": result.path, "tracking_uri": tracking_uri(), "experiment": cfg.tracking.experiment,
+        "checkpoint_path": _run_folder_uri(cfg, result.path), "tracking_uri": tracking_uri(),
+        "experiment": cfg.tracking.experiment,
         **finished,
     }
 

@@ -67,13 +67,14 @@ def test_a_bad_record_on_s3_is_named_by_its_uri_and_line(s3, tmp_path):
     assert [json.loads(line)["source"] for line in (tmp_path / "q.jsonl").read_text().splitlines()] == [uri]
 
 
-def test_the_corpus_cache_reads_an_unchanged_object_back_and_revalidates_a_rewritten_one(s3, tmp_path):
-    """The key holds the object's ETag (an MD5 of its content on S3): a rewritten object of the same size and name is
-    validated again, not served from the cache."""
+def test_the_corpus_cache_on_s3_reads_an_unchanged_object_back_and_revalidates_a_rewritten_one(s3, tmp_path):
+    """The cache itself on object storage (as under an s3:// trainer.storage_path), its Parquet written by the
+    tasks; the key holds the object's ETag (an MD5 of its content on S3): a rewritten object of the same size and
+    name is validated again, not served from the cache."""
     local = tmp_path / "pairs.jsonl"
     local.write_text(_pairs(10))
     uri = s3.upload(local, "cached/pairs.jsonl")
-    cache = tmp_path / "cache"
+    cache = s3.uri("runs/corpus_cache")
     first, written = _rows("pairs", uri, cache_dir=cache)
     again, read = _rows("pairs", uri, cache_dir=cache)
     assert (written.cache, read.cache) == ("written", "read") and again == first
@@ -81,6 +82,7 @@ def test_the_corpus_cache_reads_an_unchanged_object_back_and_revalidates_a_rewri
     s3.upload(local, "cached/pairs.jsonl")
     changed, report = _rows("pairs", uri, cache_dir=cache)
     assert report.cache == "written" and changed != first and len(changed) == len(first)
+    assert len({e.name for e in storage_path(cache).iterdir()} - {"corpus_cache"}) == 2  # an entry per content
 
 
 def test_storage_paths_are_local_for_plain_paths_and_file_uris(tmp_path):

@@ -116,16 +116,24 @@ def test_a_validated_corpus_is_read_back_from_the_cache_until_its_files_change(r
 
 
 def test_two_runs_caching_the_same_corpus_at_once_never_mix_their_files(ray_local, tmp_path):
-    """Concurrent sweep trials validate the same files: each writes its own folder and renames it into place, so
-    the entry holds one whole write (a shared folder once held both: 256 rows of 128)."""
+    """Concurrent sweep trials validate the same files: each writes an attempt folder of its own, committed by its
+    report written last, and a reader takes the first committed whole (a shared folder once held both: 256 rows of
+    128). An attempt without its report (a killed writer) or whose files are not those its report lists is not
+    read; a write that cannot be made is a warning, not a failed run."""
     import ray
 
     from data_pipelines.corpus_cache import read_cached, write_cached
 
     folder = tmp_path / "cache" / "key"
     first, second = (ray.data.from_items([{"text": f"{tag}{i}"} for i in range(20)]) for tag in ("a", "b"))
-    write_cached(folder, first, {"rows_written": 20})
-    write_cached(folder, second, {"rows_written": 20})  # finished second: the first entry stays
+    assert write_cached(folder, first, {"rows_written": 20})
+    assert write_cached(folder, second, {"rows_written": 20})  # committed second: the first is read
     ds, report = read_cached(folder, None)
     assert sorted(r["text"] for r in ds.take_all()) == sorted(f"a{i}" for i in range(20))
     assert report["rows_written"] == 20 and [p.name for p in folder.parent.iterdir()] == ["key"]
+    attempts = sorted(folder.iterdir(), key=lambda a: json.loads((a / "report.json").read_text())["committed_at"])
+    (attempts[1] / "report.json").unlink()  # the second writer was killed before its commit
+    next((attempts[0] / "rows").iterdir()).unlink()  # and the first lost a file
+    assert read_cached(folder, None) is None
+    (tmp_path / "read-only").write_text("a file where the cache folder should be")
+    assert not write_cached(tmp_path / "read-only" / "key", first, {"rows_written": 20})

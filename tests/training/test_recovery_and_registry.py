@@ -55,12 +55,14 @@ def test_resubmitting_a_run_name_resumes_it_from_its_last_whole_checkpoint(resub
 
 
 def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, tmp_path, s3):
-    """Stage 2 from the registered Stage 1 URI, reading its STS-B train file from object storage (the local S3
-    endpoint): the Ray Data tasks and the run read the same 64 rows as from disk."""
+    """Stage 2 from the registered Stage 1 URI, with its STS-B train file, validated-corpus cache and checkpoints on
+    object storage (the local S3 endpoint): the Ray Data tasks read the 64 rows and write the cache there, and Ray
+    Train checkpoints there."""
     from mlflow import MlflowClient
 
     from encoders.backbone import inference_embeddings, load_encoder
     from encoders.model_uris import download_model
+    from runtime.storage import storage_path
     from training.run import run_training
 
     rows = [json.loads(line) for line in TINY_NLI.read_text().splitlines()][:64]
@@ -76,9 +78,12 @@ def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, 
 
     on_s3 = s3.upload(sts, "stsb/sts-train.csv")
     s2 = run_training(tiny_config(train_env, "stage2-from-uri", f"data.train={on_s3}", f"model.init_from={s1_uri}",
-                                  "trainer.global_batch_size=16", "trainer.max_steps=2", stage="stage2"))
+                                  "trainer.global_batch_size=16", "trainer.max_steps=2", "data.cache=true",
+                                  f"trainer.storage_path={s3.uri('runs')}", stage="stage2"))
     assert s2["registered_model"] == "raoe-s2" and s2["model_uri"] == f"models:/raoe-s2/{s2['version']}"
-    assert (s2["rows_in"], s2["rows_written"]) == (64, 64)
+    assert (s2["rows_in"], s2["rows_written"], s2["corpus_cache"]) == (64, 64, "written")
+    assert s2["checkpoint_path"] == s3.uri("runs/stage2-from-uri")
+    assert any(p.name.startswith("checkpoint") for p in storage_path(s2["checkpoint_path"]).iterdir())
     client = MlflowClient()
     version = client.get_model_version("raoe-s2", str(s2["version"]))
     assert version.tags["start_model"] == s1_uri and version.tags["raoe.stage"] == "stage2"
