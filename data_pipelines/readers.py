@@ -3,6 +3,7 @@ record named by file and line; ``quarantine`` sets bad rows aside in a file and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -123,12 +124,13 @@ def load_corpus(
 
 
 def _validated(kind, path, fmt, split, max_rows, shuffle_seed, on_bad_record, quarantine_path, listed):
-    raw, files, fmt = read_raw(kind, path, fmt, split, listed)
-    if shuffle_seed is not None:  # corpora are often sorted (STS-B by genre): shuffle so max_rows is a fair sample
-        raw = raw.random_shuffle(seed=shuffle_seed)
-    if max_rows is not None:
-        raw = raw.limit(max_rows)
-    raw = raw.materialize()  # parse once; both the good and the bad rows are read from here
+    with _in_file_order(max_rows is not None):
+        raw, files, fmt = read_raw(kind, path, fmt, split, listed)
+        if shuffle_seed is not None:  # corpora are often sorted (STS-B by genre): shuffle so max_rows is fair
+            raw = raw.random_shuffle(seed=shuffle_seed)
+        if max_rows is not None:
+            raw = raw.limit(max_rows)
+        raw = raw.materialize()  # parse once; both the good and the bad rows are read from here
     report = DataReport(files=files, format=fmt)
     counts = raw.map_batches(_count_records, batch_format="pyarrow").take_all()  # a row per batch: no shuffle
     report.rows_without_gold = sum(int(c["skipped"]) for c in counts)
@@ -144,17 +146,33 @@ def _validated(kind, path, fmt, split, max_rows, shuffle_seed, on_bad_record, qu
             f"{listed}{more}"
         )
     if bad:
-        target = Path(quarantine_path or "quarantine.jsonl")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target, "w", encoding="utf-8") as out:
-            for r in bad:
-                entry = {"source": r["source"], "line": r["line"], "reason": r["error"], "raw": r["raw"]}
-                out.write(json.dumps(entry) + "\n")
-        report.quarantine_path = str(target.resolve())
+        target = storage_path(quarantine_path or "quarantine.jsonl")
+        if isinstance(target, Path):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target = target.resolve()
+        target.write_text("".join(json.dumps({"source": r["source"], "line": r["line"], "reason": r["error"],
+                                              "raw": r["raw"]}) + "\n" for r in bad), encoding="utf-8")
+        report.quarantine_path = str(target)
     # Materialised into the object store: a consumer (a Ray Train worker group holding most CPUs, a Tune trial)
     # then streams blocks without needing a CPU for read/filter tasks, which could otherwise wait forever.
     good = _where(raw, _is_good).select_columns(list(FIELDS[kind])).materialize()
     return good, report
+
+
+@contextlib.contextmanager
+def _in_file_order(needed: bool):
+    """Ray Data hands on blocks as their tasks finish; ``data.max_rows`` must keep the same rows every run (the first
+    in file order, or the first of a seeded shuffle of them), whichever read task finishes first: blocks in order
+    while the subset is taken. Ray Data captures its context when a dataset is made, so this spans its making too."""
+    import ray.data
+
+    options = ray.data.DataContext.get_current().execution_options
+    kept = options.preserve_order
+    options.preserve_order = kept or needed
+    try:
+        yield
+    finally:
+        options.preserve_order = kept
 
 
 # Validation passes as Arrow compute over whole batches (a Python predicate per row took 1-6 s a pass per million).

@@ -45,6 +45,21 @@ def test_max_rows_and_a_clean_corpus(ray_local, tmp_path):
     assert ds.count() == 25 and report.rows_quarantined == 0 and report.quarantine_path is None
 
 
+def test_max_rows_keeps_the_first_rows_in_file_order_whichever_read_task_finishes_first(ray_local, tmp_path):
+    """data.max_rows takes the same rows every run (a resubmitted run must continue on the rows it started on): a
+    folder whose first file is long (one slow read task) and whose second holds three lines (a fast task) gives the
+    first file's first rows, not the rows of the task that finished first."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(json.dumps({"text1": f"s{i}", "text2": f"t{i}", "label": i % 3}) + "\n"
+                                            for i in range(60000)))
+    (folder / "b.jsonl").write_text("".join(json.dumps({"text1": f"late{i}", "text2": "t", "label": 0}) + "\n"
+                                            for i in range(3)))
+    for _ in range(2):
+        ds, report = load_corpus("pairs", folder, max_rows=3)
+        assert sorted(r["text1"] for r in ds.take_all()) == ["s0", "s1", "s2"] and report.rows_in == 3
+
+
 def test_shuffle_seed_gives_a_fair_reproducible_sample(ray_local, tmp_path):
     path = corpus(tmp_path, bad=False)
     head = [r["text1"] for r in load_corpus("pairs", path, max_rows=10)[0].take_all()]
