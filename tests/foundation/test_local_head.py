@@ -40,11 +40,12 @@ def test_submission_is_repeated_only_while_the_job_agent_is_not_up(tmp_path, mon
     assert head.returncode == 1 and len(counter.read_text().splitlines()) == 3
 
 
-def test_a_submitted_job_registers_a_model_that_outlives_the_cluster(tmp_path, monkeypatch):
+def test_a_submitted_job_registers_a_model_that_outlives_the_cluster(tmp_path, monkeypatch, s3):
     """As the README's first commands run it: `ray job submit --working-dir .` with only an absolute sqlite store
     set. The job runs in Ray's scratch copy of the repository; its outputs, checkpoints and the registered model's
     artifacts must land outside it (RAOE_HOME), so the model still loads after `ray stop`. The job's output reaches
-    the submitter (its JSON line) and so does its runtime env (the store it wrote is the one given there)."""
+    the submitter (its JSON line) and so does its runtime env (the store it wrote is the one given there). Its
+    corpus is on object storage (the local S3 endpoint the head's nodes reach through the AWS variables)."""
     import json
     from pathlib import Path
 
@@ -60,13 +61,16 @@ def test_a_submitted_job_registers_a_model_that_outlives_the_cluster(tmp_path, m
     clean = head_env()  # only what the job is given: no store or artifact root inherited from this process
     for key in ("MLFLOW_TRACKING_URI", "RAOE_MLFLOW_ARTIFACTS", "RAOE_HOME"):
         clean.pop(key, None)
+    corpus = s3.upload(root / "configs" / "tiny" / "data" / "nli_pairs.jsonl", "nli/train.jsonl")
     with LocalHead(clean) as head:
         assert head.address.startswith("http://127.0.0.1:")
         lines = list(head.submit(["python", "ray_jobs/stage1.py", "--config", "configs/tiny/stage1.yaml",
+                                  "--set", f"data.train={corpus}",
                                   "--set", "trainer.max_steps=2", "--set", "trainer.eval_every=2",
                                   "--set", "tracking.experiment=raoe-submitted"], {"env_vars": env}, cwd=root))
     assert head.returncode == 0, "".join(lines[-30:])
     result = json.loads(next(line for line in reversed(lines) if line.startswith('{"job"')))
+    assert (result["rows_in"], result["rows_written"], result["corpus_cache"]) == (128, 128, "written")
     home = tmp_path / "home"
     assert result["model_path"].startswith(str(home)) and result["checkpoint_path"].startswith(str(home))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
