@@ -84,6 +84,12 @@ class CorpusIndex:
         return self._tables[shard]
 
 
+def index_outputs() -> dict[str, str]:
+    """Where the encoder actors write corpus indexes, for a job's check that every node reaches it
+    (runtime.local_ray.refuse_node_local_outputs)."""
+    return {"RAOE_CACHE (corpus indexes)": str(cache_root())}
+
+
 def model_fingerprint(model_path: str) -> str:
     """A model folder's identity: its files' relative paths, sizes and modification times (an HF id: itself)."""
     root = Path(model_path)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from encoders.devices import EncoderPool
-from evaluation.corpus_index import CorpusIndex, corpus_index, file_fingerprint
+from evaluation.corpus_index import CorpusIndex, corpus_index, file_fingerprint, index_outputs
 from evaluation.retrieval import (
     DEPTH,
     HUB_PREFIX,
@@ -22,6 +22,11 @@ from evaluation.retrieval import (
     score_rankings,
 )
 from evaluation.search import RunningTopK
+
+
+def retrieval_outputs(eval_cfg) -> dict[str, str]:
+    """What an evaluation writes from its tasks: corpus indexes when it has retrieval tasks, else nothing."""
+    return index_outputs() if eval_cfg.retrieval else {}
 
 
 def corpus_dataset(source: str):

@@ -18,6 +18,12 @@ RELATIVE = ("a relative path is made absolute against the working directory, or 
 TrustRemoteCode = Annotated[bool, Field(description="run Python code shipped with the model folder (its own "
                                         "architecture); off unless set")]
 
+# Every job that writes files: on a cluster of several nodes a plain local path would be written by each task on its
+# own node (runtime.local_ray.refuse_node_local_outputs) unless every node mounts it at the same path.
+SharedFilesystem = Annotated[bool, Field(description="the job's local output paths are on a file system every node "
+                                         "mounts at the same path (NFS, EFS, Lustre): allows them on a cluster of "
+                                         "several nodes, where they are refused otherwise")]
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -263,6 +269,7 @@ class TrainJobConfig(Section):
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-train"))
     output_dir: OutputPath = Field("outputs/models", validate_default=True, description="the best model is exported "
                                    "under <output_dir>/<run name>; " + RELATIVE)
+    shared_filesystem: SharedFilesystem = False
 
 
 class Stage2JobConfig(TrainJobConfig):

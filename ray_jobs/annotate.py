@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from data_pipelines.teachers import TeacherConfig
 from jobconfig import parse_job_args
-from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, TrackingConfig
+from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, SharedFilesystem, TrackingConfig
 from runtime.result import run_job
 
 
@@ -30,6 +30,7 @@ class AnnotateJobConfig(Section):
         "shared", description="shared: every actor holds all teachers, which take turns on each batch (no two "
         "teachers compete for the same cores); separate: one actor pool per teacher, each with its own resources")
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-annotate"))
+    shared_filesystem: SharedFilesystem = False
 
     @field_validator("teachers")
     @classmethod
@@ -63,7 +64,7 @@ def main(cfg: AnnotateJobConfig) -> dict:
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     started = time.time()
     gpus_wanted_here({f"teachers[{i}].gpus_per_actor": t.gpus_per_actor for i, t in enumerate(cfg.teachers)})
-    with ray_session():
+    with ray_session(outputs={"output_dir": cfg.output_dir}, shared_filesystem=cfg.shared_filesystem):
         datasets, reports = [], []
         for split in cfg.data.splits or [cfg.data.split]:
             ds, report = load_corpus(

@@ -24,7 +24,15 @@ from pydantic import Field
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from jobconfig import parse_job_args
-from jobconfig.schema import RELATIVE, EncoderPoolSection, OutputPath, RelationalEvalConfig, Section, TrackingConfig
+from jobconfig.schema import (
+    RELATIVE,
+    EncoderPoolSection,
+    OutputPath,
+    RelationalEvalConfig,
+    Section,
+    SharedFilesystem,
+    TrackingConfig,
+)
 from runtime.result import run_job
 
 
@@ -41,6 +49,7 @@ class EvaluateJobConfig(EncoderPoolSection):
     model: EvaluateModel = Field(default_factory=EvaluateModel)
     eval: EvaluateEvalConfig = Field(default_factory=EvaluateEvalConfig)
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-eval"))
+    shared_filesystem: SharedFilesystem = False
     output_dir: OutputPath = Field("outputs/eval", validate_default=True,
                                    description="where the STS-B scatter plot and the per-query retrieval plot go; "
                                    + RELATIVE)
@@ -71,7 +80,7 @@ def main(cfg: EvaluateJobConfig) -> dict:
     from encoders.model_uris import is_model_uri, resolve_model
     from evaluation.encode import score_with_ray
     from evaluation.retrieval import plot_per_query, retrieval_table
-    from evaluation.retrieval_suite import evaluate_retrieval
+    from evaluation.retrieval_suite import evaluate_retrieval, retrieval_outputs
     from evaluation.sts import plot_cosine_vs_gold
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
@@ -86,7 +95,7 @@ def main(cfg: EvaluateJobConfig) -> dict:
     per_query: dict = {}
     scorer, cache = _relation_scorer(model_path, cfg.eval), {}  # one encoding of each sentence for every score
     gpus_wanted_here({"gpus_per_actor": cfg.gpus_per_actor})
-    with ray_session():
+    with ray_session(outputs=retrieval_outputs(cfg.eval), shared_filesystem=cfg.shared_filesystem):
         metrics = score_with_ray(model_path, cfg.eval, pool=cfg.encoder_pool(),
                                  predictions=predictions, score=scorer, cache=cache)
         retrieval = evaluate_retrieval(model_path, cfg.eval.retrieval, pool=cfg.encoder_pool(),

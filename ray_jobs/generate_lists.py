@@ -19,7 +19,7 @@ import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from data_pipelines.ranked import LIST_PROMPT
 from encoders.devices import pool_resources
 from jobconfig import parse_job_args
-from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, TrackingConfig, TrustRemoteCode
+from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, SharedFilesystem, TrackingConfig, TrustRemoteCode
 from runtime.result import run_job
 
 # lists.seeds_from -> (corpus kind data.train is read as, the column seeds are sampled from)
@@ -62,6 +62,7 @@ class GenerateListsJobConfig(Section):
     output_dir: OutputPath = Field("outputs/lists", validate_default=True,
                                    description="where lists.jsonl, the statistics and the plot go; " + RELATIVE)
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-lists"))
+    shared_filesystem: SharedFilesystem = False
 
 
 def _generate(seeds: dict[int, str], cfg: ListsSection, lam: float):
@@ -166,7 +167,7 @@ def main(cfg: GenerateListsJobConfig) -> dict:
     started = time.time()
     kind, column = SEED_SOURCES[cfg.lists.seeds_from]
     gpus_wanted_here({"lists.gpus_per_actor": cfg.lists.gpus_per_actor})
-    with ray_session():
+    with ray_session(outputs={"output_dir": cfg.output_dir}, shared_filesystem=cfg.shared_filesystem):
         ds, report = load_configured(kind, cfg.data, out / "quarantine.jsonl")
         texts, embeddings, candidates = _candidates(ds, column, seed_encoder, cfg.lists)
         if not texts:

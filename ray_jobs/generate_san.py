@@ -17,7 +17,7 @@ from pydantic import Field
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from data_pipelines.san import SanConfig
 from jobconfig import parse_job_args
-from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, TrackingConfig
+from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, SharedFilesystem, TrackingConfig
 from runtime.result import run_job
 
 
@@ -30,6 +30,7 @@ class GenerateSanJobConfig(Section):
     batch_rows: int = Field(256, ge=1, description="sentences per map_batches call")
     examples: int = Field(20, ge=0, description="anchor/negative examples logged to MLflow")
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-san"))
+    shared_filesystem: SharedFilesystem = False
 
 
 def main(cfg: GenerateSanJobConfig) -> dict:
@@ -52,7 +53,7 @@ def main(cfg: GenerateSanJobConfig) -> dict:
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     started = time.time()
     gpus_wanted_here({"san.gpus_per_actor": cfg.san.gpus_per_actor})
-    with ray_session():
+    with ray_session(outputs={"output_dir": cfg.output_dir}, shared_filesystem=cfg.shared_filesystem):
         ds, report = load_configured("sentences", cfg.data, out / "quarantine.jsonl")
         print(f"[raoe] generating SAN negatives ({cfg.san.method}, {cfg.san.model}) for {report.rows_written} "
               f"sentences on {cfg.san.actors} actor(s) ...", flush=True)

@@ -19,7 +19,7 @@ from pydantic import Field
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from jobconfig import parse_job_args
-from jobconfig.schema import RELATIVE, EncoderPoolSection, OutputPath, Section, TrackingConfig
+from jobconfig.schema import RELATIVE, EncoderPoolSection, OutputPath, Section, SharedFilesystem, TrackingConfig
 from runtime.result import run_job
 
 
@@ -56,6 +56,7 @@ class MineJobConfig(EncoderPoolSection):
     output_path: OutputPath = Field("outputs/mined/negatives", validate_default=True,
                                     description="folder of JSON-lines files {text1, text2, negative}; " + RELATIVE)
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-mining"))
+    shared_filesystem: SharedFilesystem = False
 
 
 def main(cfg: MineJobConfig) -> dict:
@@ -76,7 +77,7 @@ def main(cfg: MineJobConfig) -> dict:
     )
     from encoders.devices import gpus_wanted_here
     from encoders.model_uris import resolve_model
-    from evaluation.corpus_index import corpus_index
+    from evaluation.corpus_index import corpus_index, index_outputs
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
 
@@ -87,7 +88,7 @@ def main(cfg: MineJobConfig) -> dict:
     gpus_wanted_here({"gpus_per_actor": cfg.gpus_per_actor})
     pool = cfg.encoder_pool()
     started = time.time()
-    with ray_session():
+    with ray_session(outputs={"output_path": str(out), **index_outputs()}, shared_filesystem=cfg.shared_filesystem):
         pairs, report, data_key = query_positive_pairs(cfg.data, out.parent / f"{out.name}-quarantine.jsonl")
         corpus, corpus_key = mining_corpus(pairs, cfg.mining.corpus, cfg.mining.corpus_format, data_key)
         index = corpus_index(corpus, model_path, corpus_key, pool=pool, batch_size=cfg.mining.batch_size,

@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from jobconfig import parse_job_args
-from jobconfig.schema import EncoderPoolSection, EvalConfig
+from jobconfig.schema import EncoderPoolSection, EvalConfig, SharedFilesystem
 from runtime.result import run_job
 
 
@@ -26,6 +26,7 @@ class PromoteJobConfig(EncoderPoolSection):
     tolerance: float = Field(0.5, ge=0, description="largest allowed drop on a guarded task (Spearman or nDCG@10, "
                              "x100)")
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    shared_filesystem: SharedFilesystem = False
 
     @model_validator(mode="after")
     def _guards_name_suite_tasks(self):
@@ -39,7 +40,7 @@ class PromoteJobConfig(EncoderPoolSection):
 def main(cfg: PromoteJobConfig) -> dict:
     from encoders.devices import gpus_wanted_here
     from evaluation.encode import score_with_ray
-    from evaluation.retrieval_suite import evaluate_retrieval
+    from evaluation.retrieval_suite import evaluate_retrieval, retrieval_outputs
     from runtime.local_ray import ray_session
     from runtime.tracking_store import tracking_uri
     from tracking.promotion import evaluation_key, promote, suite_scores
@@ -50,7 +51,7 @@ def main(cfg: PromoteJobConfig) -> dict:
 
     tracking_uri()
     gpus_wanted_here({"gpus_per_actor": cfg.gpus_per_actor})
-    with ray_session():
+    with ray_session(outputs=retrieval_outputs(cfg.eval), shared_filesystem=cfg.shared_filesystem):
         result = promote(
             cfg.registered_model, cfg.version,
             suite,

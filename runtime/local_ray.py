@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from runtime.storage import STORAGE_ENV
+from runtime.storage import STORAGE_ENV, is_uri
 
 # DESIGN.md, measured here: this makes every Ray listener bind to loopback; it also turns on token
 # auth, which local runs switch off (a stale ~/.ray/auth_token otherwise kills actors).
@@ -116,17 +116,39 @@ def size_shuffles_to_this_machine(cpus: int) -> None:
 
 
 @contextlib.contextmanager
-def ray_session(num_cpus: int | None = None) -> Iterator[None]:
-    """Ray for the length of a job; a local Ray started here is shut down at the end."""
+def ray_session(num_cpus: int | None = None, outputs: dict[str, str] | None = None,
+                shared_filesystem: bool = False) -> Iterator[None]:
+    """Ray for the length of a job; a local Ray started here is shut down at the end. ``outputs``: the job's output
+    keys and paths, refused on a cluster of several nodes where they are node-local (refuse_node_local_outputs)."""
     import ray
 
     started = start_ray(num_cpus)
     try:
+        refuse_node_local_outputs(outputs or {}, shared_filesystem)
         yield
     finally:
         if started:
             ray.shutdown()
             _local["started"] = False
+
+
+def refuse_node_local_outputs(outputs: dict[str, str], shared_filesystem: bool) -> None:
+    """On a cluster of several nodes, a plain local output path is a different folder on every node: the tasks that
+    write there (Parquet of the corpus cache, annotated sets, checkpoints) would leave each node its own part, and
+    the driver would read or register only its node's. Refused before any work, naming the keys, unless the config
+    says every node mounts those paths at the same place (``shared_filesystem``)."""
+    import ray
+
+    local = {key: path for key, path in outputs.items() if path and not is_uri(path)}
+    if not local or shared_filesystem:
+        return
+    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+    if nodes > 1:
+        named = ", ".join(f"{key}={path}" for key, path in local.items())
+        raise ValueError(f"{named}: a local path on a cluster of {nodes} nodes, so each node would keep only the "
+                         f"part its own tasks wrote. Put it on storage every node reaches: a file system mounted at "
+                         f"the same path on every node (NFS, EFS; then set shared_filesystem=true) or, for "
+                         f"trainer.storage_path, an object-store URI (s3://bucket/prefix)")
 
 
 apply_safe_local_env()  # before anything imports ray, where this module is imported first

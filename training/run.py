@@ -148,7 +148,8 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
             resolved = cfg.model_dump()
             mlflow.log_params({k: str(v)[:500] for k, v in _flat(resolved).items()})
             mlflow.log_dict(resolved, "config.json")
-        with ray_session():
+        with ray_session(outputs={"output_dir": cfg.output_dir, "trainer.storage_path": cfg.trainer.storage_path},
+                         shared_filesystem=cfg.shared_filesystem):
             corpus, report, extras = _training_data(cfg, pre, Path(cfg.output_dir) / run_name / "quarantine.jsonl")
             rows = corpus.rows
             t = cfg.trainer

@@ -21,6 +21,7 @@ from jobconfig.schema import (
     PosttrainJobConfig,
     RelationalJobConfig,
     Section,
+    SharedFilesystem,
     Stage2JobConfig,
     TrackingConfig,
     TrainJobConfig,
@@ -52,6 +53,7 @@ class SweepSpec(Section):
     register_best: bool = Field(True, description="register the best trial's model (raoe-s1 / -s2 / -unsup / -lists / "
                                 "-rse by job)")
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-sweeps"))
+    shared_filesystem: SharedFilesystem = False  # and so for every trial
 
     @field_validator("grid")
     @classmethod
@@ -81,7 +83,7 @@ def trial_config(spec: SweepSpec, point: dict[str, Any], sweep_name: str, storag
     """The validated training config of one grid point (raises ConfigError naming a bad key or value)."""
     overrides = [*spec.overrides, *(f"{k}={json.dumps(v)}" for k, v in point.items()),
                  f"tracking.experiment={spec.tracking.experiment}", f"tracking.run_name={sweep_name}-{point_name(point)}",
-                 f"trainer.storage_path={storage}/{sweep_name}-trials"]
+                 f"trainer.storage_path={storage}/{sweep_name}-trials", f"shared_filesystem={spec.shared_filesystem}"]
     return load_config(job_model(spec.job), spec.base_config, overrides)
 
 
@@ -186,7 +188,7 @@ def run_sweep(spec: SweepSpec, spec_path: str | None = None) -> dict[str, Any]:
         if not resumed:
             mlflow.log_params({"job": spec.job, "base_config": spec.base_config, "grid": json.dumps(spec.grid)[:500],
                                "trials": len(points)})
-        with ray_session():
+        with ray_session(outputs={"storage_path": storage}, shared_filesystem=spec.shared_filesystem):
             if ray.tune.Tuner.can_restore(experiment_path):
                 print(f"[raoe] resuming sweep {sweep_name!r} from {experiment_path}", flush=True)
                 tuner = ray.tune.Tuner.restore(experiment_path, trainable=trainable, resume_errored=True)
