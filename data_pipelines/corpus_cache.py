@@ -16,7 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
-from runtime.storage import file_identity, remove_tree, storage_path
+from runtime.storage import file_identity, remove_tree, storage_path, writable_path
 
 CACHE_VERSION = 2  # 2: entries are attempt folders whose report is written last and lists their Parquet files
 REPORT = "report.json"
@@ -44,10 +44,7 @@ def read_cached(folder, quarantine_path) -> tuple | None:
             print(f"[raoe] corpus cache entry {attempt} ignored: {problem}", flush=True)
             continue
         if report.get("quarantine_path"):
-            target = storage_path(quarantine_path or "quarantine.jsonl")
-            if isinstance(target, Path):
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target = target.resolve()
+            target = writable_path(quarantine_path or "quarantine.jsonl")
             target.write_bytes((attempt / "quarantine.jsonl").read_bytes())
             report["quarantine_path"] = str(target)
         fields = {k: v for k, v in report.items() if k not in ENTRY_KEYS}

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from data_pipelines.corpus_cache import corpus_key, read_cached, write_cached
 from data_pipelines.formats import FIELDS, PARSERS, SPLITTABLE, Span, detect_format, file_spans, parse
 from data_pipelines.hub import hub_rows, is_hub_source
-from runtime.storage import storage_path
+from runtime.storage import storage_path, writable_path
 
 MAX_LISTED = 20
 SPAN_BYTES = 16 << 20  # text per read task: bounds a task's memory (its rows as Python objects) and spreads a file
@@ -146,10 +146,7 @@ def _validated(kind, path, fmt, split, max_rows, shuffle_seed, on_bad_record, qu
             f"{listed}{more}"
         )
     if bad:
-        target = storage_path(quarantine_path or "quarantine.jsonl")
-        if isinstance(target, Path):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target = target.resolve()
+        target = writable_path(quarantine_path or "quarantine.jsonl")
         target.write_text("".join(json.dumps({"source": r["source"], "line": r["line"], "reason": r["error"],
                                               "raw": r["raw"]}) + "\n" for r in bad), encoding="utf-8")
         report.quarantine_path = str(target)

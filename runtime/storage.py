@@ -43,6 +43,16 @@ def storage_path(path: str | os.PathLike):
     return Path(text).expanduser()
 
 
+def writable_path(path: str | os.PathLike):
+    """``storage_path(path)`` ready for a write: a local path made absolute with its folder created (an object store
+    needs no folders)."""
+    target = storage_path(path)
+    if isinstance(target, Path):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return target.resolve()
+    return target
+
+
 def file_identity(path) -> tuple:
     """What says a file is unchanged: (where, size, version). The version is the modification time on a file
     system, the ETag (a hash of the content) where the store gives one."""
