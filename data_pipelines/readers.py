@@ -131,6 +131,8 @@ def _validated(kind, path, fmt, split, max_rows, shuffle_seed, on_bad_record, qu
         if max_rows is not None:
             raw = raw.limit(max_rows)
         raw = raw.materialize()  # parse once; both the good and the bad rows are read from here
+    # The dataset keeps the context it was made with: what is built on it (validation, training) runs unordered.
+    raw.context.execution_options.preserve_order = _global_preserve_order()
     report = DataReport(files=files, format=fmt)
     counts = raw.map_batches(_count_records, batch_format="pyarrow").take_all()  # a row per batch: no shuffle
     report.rows_without_gold = sum(int(c["skipped"]) for c in counts)
@@ -154,6 +156,12 @@ def _validated(kind, path, fmt, split, max_rows, shuffle_seed, on_bad_record, qu
     # then streams blocks without needing a CPU for read/filter tasks, which could otherwise wait forever.
     good = _where(raw, _is_good).select_columns(list(FIELDS[kind])).materialize()
     return good, report
+
+
+def _global_preserve_order() -> bool:
+    import ray.data
+
+    return ray.data.DataContext.get_current().execution_options.preserve_order
 
 
 @contextlib.contextmanager

@@ -58,6 +58,7 @@ def test_max_rows_keeps_the_first_rows_in_file_order_whichever_read_task_finishe
     for _ in range(2):
         ds, report = load_corpus("pairs", folder, max_rows=3)
         assert sorted(r["text1"] for r in ds.take_all()) == ["s0", "s1", "s2"] and report.rows_in == 3
+        assert not ds.context.execution_options.preserve_order  # what is built on the subset runs unordered
 
 
 def test_shuffle_seed_gives_a_fair_reproducible_sample(ray_local, tmp_path):
