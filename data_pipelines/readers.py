@@ -3,7 +3,6 @@ record named by file and line; ``quarantine`` sets bad rows aside in a file and 
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -124,15 +123,18 @@ def load_corpus(
 
 
 def _validated(kind, path, fmt, split, max_rows, shuffle_seed, on_bad_record, quarantine_path, listed):
-    with _in_file_order(max_rows is not None):
-        raw, files, fmt = read_raw(kind, path, fmt, split, listed)
-        if shuffle_seed is not None:  # corpora are often sorted (STS-B by genre): shuffle so max_rows is fair
-            raw = raw.random_shuffle(seed=shuffle_seed)
-        if max_rows is not None:
-            raw = raw.limit(max_rows)
-        raw = raw.materialize()  # parse once; both the good and the bad rows are read from here
-    # The dataset keeps the context it was made with: what is built on it (validation, training) runs unordered.
-    raw.context.execution_options.preserve_order = _global_preserve_order()
+    raw, files, fmt = read_raw(kind, path, fmt, split, listed)
+    # Ray Data hands on blocks as their tasks finish; data.max_rows must keep the same rows every run (the first in
+    # file order, or of a seeded shuffle of them): blocks in order while the subset is taken. The options belong to
+    # this dataset's own copy of Ray Data's context, handed on to what is built on it: unordered again after.
+    unordered = raw.context.execution_options.preserve_order
+    raw.context.execution_options.preserve_order = unordered or max_rows is not None
+    if shuffle_seed is not None:  # corpora are often sorted (STS-B by genre): shuffle so max_rows is a fair sample
+        raw = raw.random_shuffle(seed=shuffle_seed)
+    if max_rows is not None:
+        raw = raw.limit(max_rows)
+    raw = raw.materialize()  # parse once; both the good and the bad rows are read from here
+    raw.context.execution_options.preserve_order = unordered
     report = DataReport(files=files, format=fmt)
     counts = raw.map_batches(_count_records, batch_format="pyarrow").take_all()  # a row per batch: no shuffle
     report.rows_without_gold = sum(int(c["skipped"]) for c in counts)
@@ -156,28 +158,6 @@ def _validated(kind, path, fmt, split, max_rows, shuffle_seed, on_bad_record, qu
     # then streams blocks without needing a CPU for read/filter tasks, which could otherwise wait forever.
     good = _where(raw, _is_good).select_columns(list(FIELDS[kind])).materialize()
     return good, report
-
-
-def _global_preserve_order() -> bool:
-    import ray.data
-
-    return ray.data.DataContext.get_current().execution_options.preserve_order
-
-
-@contextlib.contextmanager
-def _in_file_order(needed: bool):
-    """Ray Data hands on blocks as their tasks finish; ``data.max_rows`` must keep the same rows every run (the first
-    in file order, or the first of a seeded shuffle of them), whichever read task finishes first: blocks in order
-    while the subset is taken. Ray Data captures its context when a dataset is made, so this spans its making too."""
-    import ray.data
-
-    options = ray.data.DataContext.get_current().execution_options
-    kept = options.preserve_order
-    options.preserve_order = kept or needed
-    try:
-        yield
-    finally:
-        options.preserve_order = kept
 
 
 # Validation passes as Arrow compute over whole batches (a Python predicate per row took 1-6 s a pass per million).
