@@ -21,6 +21,7 @@ from data_pipelines.hub import is_hub_source
 from data_pipelines.readers import DataReport, corpus_files, count_where, load_corpus
 from data_pipelines.triplets import nli_triplets
 from jobconfig.schema import TripleSource
+from runtime.storage import storage_path, writable_path
 
 TRIPLE_COLUMNS = ["head", "tail", "relation", "negative"]
 TRIPLE_SCHEMA = pa.schema([(c, pa.string()) for c in TRIPLE_COLUMNS])
@@ -81,10 +82,10 @@ def _as_triples(ds, source):
 def load_triples(data_cfg, quarantine_path: str | Path):
     """Every source read and validated (bad rows named or quarantined into one file), as one Ray Dataset of triples
     (materialised in the object store), with the readers' combined DataReport."""
-    quarantine_path = Path(quarantine_path)
+    stem = str(quarantine_path).removesuffix(".jsonl")
     parts, report, quarantined = [], DataReport(format="+".join(s.format for s in sources(data_cfg))), []
     for i, source in enumerate(sources(data_cfg)):
-        part = quarantine_path.with_name(f"{quarantine_path.stem}-{i}.jsonl")
+        part = f"{stem}-{i}.jsonl"
         ds, got = load_corpus(CORPUS[source.mapping], source.train, fmt=source.format, split=source.split,
                               max_rows=source.max_rows, shuffle_seed=source.shuffle_seed,
                               on_bad_record=data_cfg.on_bad_record, quarantine_path=part)
@@ -98,13 +99,14 @@ def load_triples(data_cfg, quarantine_path: str | Path):
         report.rows_without_gold += got.rows_without_gold
         report.files += got.files
         if got.quarantine_path:
-            quarantined.append(Path(got.quarantine_path))
+            quarantined.append(storage_path(got.quarantine_path))
     if quarantined:  # one quarantine file for the job, whatever the number of sources
-        with open(quarantine_path, "w", encoding="utf-8") as out:
+        target = writable_path(quarantine_path)
+        with target.open("wb") as out:
             for part in quarantined:
-                out.write(part.read_text(encoding="utf-8"))
+                out.write(part.read_bytes())
                 part.unlink()
-        report.quarantine_path = str(quarantine_path.resolve())
+        report.quarantine_path = str(target)
     return parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0], report
 
 

@@ -15,7 +15,10 @@ environment would show on the dashboard) through runtime.local_ray.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -41,6 +44,14 @@ def storage_path(path: str | os.PathLike):
         # No listing cache: a long-lived process (a sweep's driver, a notebook) must see objects written since.
         return UPath(text, use_listings_cache=False)
     return Path(text).expanduser()
+
+
+def join(base: str | os.PathLike, *parts: str) -> str:
+    """``base/part/...`` for a local path or a URI (``pathlib.Path`` would fold ``s3://`` into ``s3:/``)."""
+    text = str(base)
+    if is_uri(text):
+        return "/".join([text.rstrip("/"), *(part.strip("/") for part in parts)])
+    return str(storage_path(text).joinpath(*parts))
 
 
 def writable_path(path: str | os.PathLike):
@@ -75,3 +86,43 @@ def remove_tree(path) -> None:
         path.fs.rm(path.path, recursive=True)
     except FileNotFoundError:
         pass
+
+
+@dataclass(frozen=True)
+class StagedFolder:
+    """A folder written on local disk and published to ``target``: the files themselves on a file system, an upload
+    on object storage (libraries that write a model, a plot or a report take local paths only)."""
+
+    local: Path  # where the files are written
+    target: str  # where they are kept: str(local) on a file system
+
+    def final(self, path: str | os.PathLike) -> str:
+        """Where a file written under ``local`` is kept once published."""
+        return join(self.target, Path(path).relative_to(self.local).as_posix())
+
+    def publish(self) -> None:
+        """Copy what ``local`` holds to ``target``, replacing the folders of the same names there (a resumed run's
+        model is replaced whole, never mixed with the files of an earlier export)."""
+        if not is_uri(self.target):
+            return
+        place = storage_path(self.target)
+        for entry in self.local.iterdir():
+            if entry.is_dir():
+                remove_tree(place / entry.name)
+        files = sorted(p for p in self.local.rglob("*") if p.is_file())
+        if files:
+            place.fs.put([str(p) for p in files],
+                         [f"{place.path.rstrip('/')}/{p.relative_to(self.local).as_posix()}" for p in files])
+
+
+@contextlib.contextmanager
+def staged_folder(target: str | os.PathLike):
+    """A StagedFolder for ``target``: the folder itself when local (created), else a temporary folder removed at
+    the end of the block (call ``publish`` once its files are written)."""
+    place = storage_path(target)
+    if isinstance(place, Path):
+        place.mkdir(parents=True, exist_ok=True)
+        yield StagedFolder(place.resolve(), str(place.resolve()))
+        return
+    with tempfile.TemporaryDirectory(prefix="raoe-staged-") as local:
+        yield StagedFolder(Path(local), str(target).rstrip("/"))

@@ -26,15 +26,17 @@ def tracking_uri() -> str:
     return uri
 
 
-def artifact_root() -> Path:
-    """RAOE_MLFLOW_ARTIFACTS, else ``mlartifacts`` beside a sqlite store's file, else under ``base_dir()``."""
+def artifact_root() -> str:
+    """RAOE_MLFLOW_ARTIFACTS (a path, or an object-store URI such as ``s3://bucket/mlartifacts``: MLflow's S3 store
+    reads the standard AWS variables and MLFLOW_S3_ENDPOINT_URL), else ``mlartifacts`` beside a sqlite store's file,
+    else under ``base_dir()``."""
     configured = os.environ.get("RAOE_MLFLOW_ARTIFACTS")
     if configured:
-        return Path(stable_path(configured))
+        return stable_path(configured).rstrip("/")
     uri = tracking_uri()
     if uri.startswith(SQLITE):
-        return Path(uri[len(SQLITE):]).parent / "mlartifacts"
-    return base_dir() / "mlartifacts"
+        return str(Path(uri[len(SQLITE):]).parent / "mlartifacts")
+    return str(base_dir() / "mlartifacts")
 
 
 def ensure_experiment(name: str) -> str:
@@ -53,5 +55,6 @@ def ensure_experiment(name: str) -> str:
         return existing.experiment_id
     location = None
     if tracking_uri().startswith("sqlite:"):
-        location = (artifact_root() / name).as_uri()  # sqlite has no artifact root of its own: set it explicitly
+        root = artifact_root()  # sqlite has no artifact root of its own: set it explicitly
+        location = f"{root}/{name}" if "://" in root else (Path(root) / name).as_uri()
     return mlflow.create_experiment(name, artifact_location=location)

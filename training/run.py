@@ -22,6 +22,7 @@ from evaluation.sts import stsb_dev_pairs
 from jobconfig.schema import TrainJobConfig, objective_params
 from objectives.composite import SPECS, CompositeObjective, fields_read
 from runtime.local_ray import ray_session, runs_local_ray, worker_env
+from runtime.storage import StagedFolder, is_uri, join, staged_folder
 from runtime.tracking_store import ensure_experiment, tracking_uri
 from tracking.metrics import RunTarget, metric_name, with_retries
 from tracking.model_card import model_card, write_model_card
@@ -150,7 +151,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
             mlflow.log_dict(resolved, "config.json")
         with ray_session(outputs={"output_dir": cfg.output_dir, "trainer.storage_path": cfg.trainer.storage_path},
                          shared_filesystem=cfg.shared_filesystem):
-            corpus, report, extras = _training_data(cfg, pre, Path(cfg.output_dir) / run_name / "quarantine.jsonl")
+            corpus, report, extras = _training_data(cfg, pre, join(_output_dir(cfg), run_name, "quarantine.jsonl"))
             rows = corpus.rows
             t = cfg.trainer
             plan = plan_steps(rows, world=t.worker_range[1], global_batch=t.global_batch_size, grad_accum=t.grad_accum,
@@ -160,13 +161,22 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
                   f"({plan.steps_per_epoch} per epoch), run {run_name!r}" + (" (resumed)" if resumed else ""), flush=True)
             worker_config = _worker_config(cfg, pre, plan, corpus, extras, run_name, run_id, after_step)
             result = _fit(cfg, worker_config, run_name, callbacks)
-        out_dir = Path(cfg.output_dir).resolve() / run_name
-        best_metrics, history, curve = _export_best(result, pre, cfg, out_dir)
-        finished = pre.kind.finish(cfg, out_dir / MODEL_DIR, extras, out_dir) if pre.kind.finish else {}
-        payload = _payload(cfg, pre, result, best_metrics, report, plan, run_id, run_name, resumed, out_dir, finished)
-        payload.update(_log_and_register(cfg, pre, payload, history, curve, report, plan, finished, out_dir,
-                                         registered if register else None))
+        with staged_folder(join(_output_dir(cfg), run_name)) as out:
+            best_metrics, history, curve = _export_best(result, pre, cfg, out.local)
+            finished = pre.kind.finish(cfg, out.local / MODEL_DIR, extras, out.local) if pre.kind.finish else {}
+            payload = _payload(cfg, pre, result, best_metrics, report, plan, run_id, run_name, resumed, out,
+                               finished)
+            card = write_model_card(out.local / MODEL_DIR, model_card(
+                cfg, {**payload, "registered_model": registered if register else None},
+                CompositeObjective(cfg.objective.weights, pre.params).describe(), pre.kind.unit))
+            out.publish()  # the model is kept before anything is logged: a tracking outage cannot lose it
+            payload.update(_log_and_register(cfg, pre, payload, history, curve, card, report, plan, finished,
+                                             out.local, registered if register else None))
     return {**payload, "seconds": time.time() - started}
+
+
+def _output_dir(cfg: TrainJobConfig) -> str:
+    return cfg.output_dir if is_uri(cfg.output_dir) else str(Path(cfg.output_dir).resolve())
 
 
 def preflight(cfg: TrainJobConfig) -> Preflight:
@@ -345,13 +355,14 @@ def _export_best(result, pre: Preflight, cfg: TrainJobConfig, out_dir: Path):
 
 
 def _payload(cfg: TrainJobConfig, pre: Preflight, result, best_metrics: dict, report, plan, run_id: str,
-             run_name: str, resumed: bool, out_dir: Path, finished: dict) -> dict[str, Any]:
-    """The job's JSON-line payload (registration fills model_uri, registered_model and version)."""
+             run_name: str, resumed: bool, out: StagedFolder, finished: dict) -> dict[str, Any]:
+    """The job's JSON-line payload (registration fills model_uri, registered_model and version); its paths are
+    where the files are kept (on object storage when output_dir is a URI)."""
     final = result.metrics or {}
     best_dev = best_metrics.get(pre.dev_metric) if pre.has_dev else None
     return {
         "stage": cfg.stage, "run_id": run_id, "run_name": run_name, "resumed": resumed,
-        "model_path": str(out_dir / MODEL_DIR), "model_uri": None, "registered_model": None, "version": None,
+        "model_path": join(out.target, MODEL_DIR), "model_uri": None, "registered_model": None, "version": None,
         "metrics": {"train_loss": final.get("train_loss"), "grad_norm": final.get("grad_norm"),
                     "steps": final.get("step"), "best_" + pre.dev_metric: best_dev,
                     "best_step": best_metrics.get("step")},
@@ -363,20 +374,21 @@ def _payload(cfg: TrainJobConfig, pre: Preflight, result, best_metrics: dict, re
         "quantization": cfg.model.quantization, "lora": cfg.model.lora.model_dump() if cfg.model.lora else None,
         "checkpoint_path": _run_folder_uri(cfg, result.path), "tracking_uri": tracking_uri(),
         "experiment": cfg.tracking.experiment,
-        **finished,
+        **{k: out.final(v) if _written_under(v, out.local) else v for k, v in finished.items()},
     }
 
 
-def _log_and_register(cfg: TrainJobConfig, pre: Preflight, payload: dict, history: list, curve: Path | None, report,
-                      plan, finished: dict, out_dir: Path, registered: str | None) -> dict[str, Any]:
-    """The model card, the run's results in MLflow and (unless a sweep trial) the registered version, each waiting
-    out a tracking outage for tracking.retry_seconds; returns what registration adds to the payload."""
+def _written_under(value: Any, folder: Path) -> bool:
+    return isinstance(value, str) and Path(value).is_relative_to(folder)
+
+
+def _log_and_register(cfg: TrainJobConfig, pre: Preflight, payload: dict, history: list, curve: Path | None,
+                      card: Path, report, plan, finished: dict, out_dir: Path, registered: str | None) -> dict[str, Any]:
+    """The run's results in MLflow and (unless a sweep trial) the registered version from the local ``out_dir``,
+    each waiting out a tracking outage for tracking.retry_seconds; returns what registration adds to the payload."""
     import mlflow
 
     metrics = payload["metrics"]
-    card = write_model_card(out_dir / MODEL_DIR, model_card(
-        cfg, {**payload, "registered_model": registered},
-        CompositeObjective(cfg.objective.weights, pre.params).describe(), pre.kind.unit))
 
     def log_results() -> None:  # idempotent, so a tracking outage can be waited out (with_retries)
         mlflow.log_dict({"history": history, "plan": plan.as_dict(), "data": report.as_dict()},
@@ -390,7 +402,7 @@ def _log_and_register(cfg: TrainJobConfig, pre: Preflight, payload: dict, histor
         mlflow.log_artifact(str(card), "model_card")
         mlflow.set_tag("raoe.model_card", "model_card/README.md")
 
-    keep = f"; the trained model is safe at {out_dir / MODEL_DIR}"
+    keep = f"; the trained model is safe at {payload['model_path']}"
     with_retries(log_results, "logging the results to MLflow" + keep, cfg.tracking.retry_seconds)
     if registered is None:
         return {}

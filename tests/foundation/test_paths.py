@@ -27,7 +27,7 @@ def test_relative_outputs_resolve_under_raoe_home_inside_a_ray_copy(in_ray_copy,
     assert stable_path("outputs/models") == str(home / "outputs" / "models")
     cfg = load_config(TrainJobConfig, None, [])
     assert cfg.output_dir == str(home / "outputs" / "models") and cfg.trainer.storage_path == str(home / "raoe_runs")
-    assert tracking_uri() == f"sqlite:///{home / 'mlflow.db'}" and artifact_root() == home / "mlartifacts"
+    assert tracking_uri() == f"sqlite:///{home / 'mlflow.db'}" and artifact_root() == str(home / "mlartifacts")
     with pytest.raises(ConfigError, match="inside Ray's scratch copy.*_ray_pkg_0123abcd"):
         load_config(TrainJobConfig, None, [f"output_dir={in_ray_copy / 'outputs'}"])
     assert stable_path("s3://bucket/runs") == "s3://bucket/runs"
@@ -38,7 +38,7 @@ def test_relative_sqlite_store_and_its_artifacts(in_ray_copy, tmp_path, monkeypa
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///stores/m.db")  # relative to the cwd: the scratch copy
     assert tracking_uri() == f"sqlite:///{tmp_path / 'home' / 'stores' / 'm.db'}"
-    assert artifact_root() == tmp_path / "home" / "stores" / "mlartifacts"  # next to the store, not the cwd
+    assert artifact_root() == str(tmp_path / "home" / "stores" / "mlartifacts")  # next to the store, not the cwd
 
 
 def test_outside_a_ray_copy_relative_means_the_working_directory(tmp_path, monkeypatch):

@@ -54,10 +54,10 @@ def test_resubmitting_a_run_name_resumes_it_from_its_last_whole_checkpoint(resub
     assert again == pytest.approx(first, rel=ONE_STEP_APART_REL)
 
 
-def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, tmp_path, s3):
-    """Stage 2 from the registered Stage 1 URI, with its STS-B train file, validated-corpus cache and checkpoints on
-    object storage (the local S3 endpoint): the Ray Data tasks read the 64 rows and write the cache there, and Ray
-    Train checkpoints there."""
+def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, tmp_path, s3, monkeypatch):
+    """Stage 2 from the registered Stage 1 URI with everything it writes on object storage (the local S3 endpoint):
+    the Ray Data tasks read its STS-B train file there and write the validated-corpus cache there, Ray Train
+    checkpoints there, the best model is exported there and MLflow keeps the registered model's artifacts there."""
     from mlflow import MlflowClient
 
     from encoders.backbone import inference_embeddings, load_encoder
@@ -77,17 +77,27 @@ def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, 
                                inference_embeddings(load_encoder(resubmitted["model_path"]), texts), atol=1e-6)
 
     on_s3 = s3.upload(sts, "stsb/sts-train.csv")
+    monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", s3.uri("mlartifacts"))  # for experiments created from now on
     s2 = run_training(tiny_config(train_env, "stage2-from-uri", f"data.train={on_s3}", f"model.init_from={s1_uri}",
                                   "trainer.global_batch_size=16", "trainer.max_steps=2", "data.cache=true",
-                                  f"trainer.storage_path={s3.uri('runs')}", stage="stage2"))
+                                  f"trainer.storage_path={s3.uri('runs')}", f"output_dir={s3.uri('models')}",
+                                  "tracking.experiment=raoe-test-on-s3", stage="stage2"))
     assert s2["registered_model"] == "raoe-s2" and s2["model_uri"] == f"models:/raoe-s2/{s2['version']}"
     assert (s2["rows_in"], s2["rows_written"], s2["corpus_cache"]) == (64, 64, "written")
     assert s2["checkpoint_path"] == s3.uri("runs/stage2-from-uri")
     assert any(p.name.startswith("checkpoint") for p in storage_path(s2["checkpoint_path"]).iterdir())
+    assert s2["model_path"] == s3.uri("models/stage2-from-uri/model")
+    exported = storage_path(s2["model_path"])
+    assert {"modules.json", "model.safetensors", "README.md"} <= {p.name for p in exported.iterdir()}
+    assert (exported.parent / "config.json").exists()
+    assert any(p.name == "MLmodel" for p in storage_path(s3.uri("mlartifacts")).rglob("*"))  # MLflow's artifacts
+    s2_model = download_model(s2["model_uri"])  # read back from the bucket through the registry
+    assert storage_path(s2_model).joinpath("model.safetensors").read_bytes() == \
+        exported.joinpath("model.safetensors").read_bytes()
     client = MlflowClient()
     version = client.get_model_version("raoe-s2", str(s2["version"]))
     assert version.tags["start_model"] == s1_uri and version.tags["raoe.stage"] == "stage2"
     assert version.tags["data"] == on_s3
     assert {m.name for m in client.search_registered_models()} >= {"raoe-s1", "raoe-s2"}
-    assert not np.allclose(inference_embeddings(load_encoder(s2["model_path"]), texts),
+    assert not np.allclose(inference_embeddings(load_encoder(s2_model), texts),
                            inference_embeddings(load_encoder(resubmitted["model_path"]), texts), atol=1e-4)
