@@ -19,6 +19,7 @@ from data_pipelines.san import SanConfig
 from jobconfig import parse_job_args
 from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, SharedFilesystem, TrackingConfig
 from runtime.result import run_job
+from runtime.storage import join, remove_tree, staged_folder, storage_path, writable_path
 
 
 class GenerateSanJobConfig(Section):
@@ -35,7 +36,6 @@ class GenerateSanJobConfig(Section):
 
 def main(cfg: GenerateSanJobConfig) -> dict:
     import time
-    from pathlib import Path
 
     import mlflow
 
@@ -49,12 +49,12 @@ def main(cfg: GenerateSanJobConfig) -> dict:
     if not cfg.data.train:
         raise ValueError("data.train must name the sentence corpus")
     resolve_model_source(cfg.san.model)  # fails here, before any Ray resource, if the model cannot be found
-    out = Path(cfg.output_dir).resolve()
+    out = cfg.output_dir  # a local folder (made absolute by the config) or an object-store URI
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     started = time.time()
     gpus_wanted_here({"san.gpus_per_actor": cfg.san.gpus_per_actor})
     with ray_session(outputs={"output_dir": cfg.output_dir}, shared_filesystem=cfg.shared_filesystem):
-        ds, report = load_configured("sentences", cfg.data, out / "quarantine.jsonl")
+        ds, report = load_configured("sentences", cfg.data, join(out, "quarantine.jsonl"))
         print(f"[raoe] generating SAN negatives ({cfg.san.method}, {cfg.san.model}) for {report.rows_written} "
               f"sentences on {cfg.san.actors} actor(s) ...", flush=True)
         # Straight from the materialised corpus into the actor pool: no task in between that would need a CPU the
@@ -64,13 +64,12 @@ def main(cfg: GenerateSanJobConfig) -> dict:
         generated = generate_negatives(ds, cfg.san, cfg.batch_rows).materialize()  # in the object store, once
         # The corpus is written from the cluster, shard by shard; the driver gets counts and a few examples only.
         corpus = generated.map_batches(corpus_table, batch_format="pandas", num_cpus=0.1)
-        write_corpus(corpus, out / "data", cfg.output_format)
+        write_corpus(corpus, join(out, "data"), cfg.output_format)
         stats = merge_stats(generated.map_batches(partial_stats, batch_format="pandas", num_cpus=0.1).take_all())
-        guarded = write_guarded(corpus, out / "guarded.jsonl")
+        guarded = write_guarded(corpus, join(out, "guarded.jsonl"))
         examples = [{"text": r["text"], "negative": r["negative"]} for r in
                     generated.filter(lambda row: row["guard"] is None).limit(cfg.examples).take_all()]
     seconds = time.time() - started
-    picture = plot(stats, out / "san_changes.png")
     counts = {"rows_in": report.rows_in, "rows_written": stats["rows"], "rows_with_negative": stats["with_negative"],
               "rows_guarded": guarded, "rows_quarantined": report.rows_quarantined}
     assert counts["rows_written"] + counts["rows_quarantined"] == counts["rows_in"]
@@ -78,22 +77,25 @@ def main(cfg: GenerateSanJobConfig) -> dict:
     guard_counts = {r: int(stats["guards"].get(r, 0)) for r in GUARD_REASONS}
     statistics = {k: stats[k] for k in ("changed_share_by_pos", "words_by_pos", "mean_token_overlap",
                                         "overlap_histogram")}
-    with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
-        mlflow.log_params({"data.train": cfg.data.train, **{f"san.{k}": str(v)[:500]
-                                                             for k, v in cfg.san.model_dump().items()}})
-        mlflow.log_metrics({**{k: float(v) for k, v in counts.items()},
-                            **{f"guarded_{k}": float(v) for k, v in guard_counts.items()},
-                            "sentences_per_second": report.rows_written / seconds,
-                            **({"mean_token_overlap": stats["mean_token_overlap"]}
-                               if stats["mean_token_overlap"] is not None else {})})
-        mlflow.log_dict({**statistics, "guarded": guard_counts, "examples": examples}, "san_statistics.json")
-        mlflow.log_artifact(str(picture))
-        mlflow.log_input(_corpus_dataset(out / "data"), context="generated")
+    with staged_folder(out) as staged:  # the plot is drawn on local disk, kept beside the data and logged from there
+        picture = plot(stats, staged.local / "san_changes.png")
+        staged.publish()
+        with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
+            mlflow.log_params({"data.train": cfg.data.train, **{f"san.{k}": str(v)[:500]
+                                                                 for k, v in cfg.san.model_dump().items()}})
+            mlflow.log_metrics({**{k: float(v) for k, v in counts.items()},
+                                **{f"guarded_{k}": float(v) for k, v in guard_counts.items()},
+                                "sentences_per_second": report.rows_written / seconds,
+                                **({"mean_token_overlap": stats["mean_token_overlap"]}
+                                   if stats["mean_token_overlap"] is not None else {})})
+            mlflow.log_dict({**statistics, "guarded": guard_counts, "examples": examples}, "san_statistics.json")
+            mlflow.log_artifact(str(picture))
+            mlflow.log_input(_corpus_dataset(join(out, "data")), context="generated")
     return {
-        **counts, "guarded": guard_counts, "output_path": str(out / "data"), "output_format": cfg.output_format,
-        "guarded_path": str(out / "guarded.jsonl"), "quarantine_path": report.quarantine_path,
+        **counts, "guarded": guard_counts, "output_path": join(out, "data"), "output_format": cfg.output_format,
+        "guarded_path": join(out, "guarded.jsonl"), "quarantine_path": report.quarantine_path,
         "changed_share_by_pos": stats["changed_share_by_pos"], "mean_token_overlap": stats["mean_token_overlap"],
-        "sentences_per_second": report.rows_written / seconds, "seconds": seconds, "plot": str(picture),
+        "sentences_per_second": report.rows_written / seconds, "seconds": seconds, "plot": staged.final(picture),
         "examples": examples[:5], "run_id": run.info.run_id,
     }
 
@@ -101,9 +103,7 @@ def main(cfg: GenerateSanJobConfig) -> dict:
 def write_corpus(corpus, folder, output_format: str) -> None:
     """The corpus (a Ray Dataset of ``corpus_table`` rows) as Parquet or JSON-lines shards under ``folder``, each
     written by the task that holds its rows; an older corpus there is replaced."""
-    import shutil
-
-    shutil.rmtree(folder, ignore_errors=True)
+    remove_tree(storage_path(folder))
     if output_format == "parquet":
         corpus.write_parquet(str(folder))
     else:
@@ -115,7 +115,7 @@ def write_guarded(corpus, path) -> int:
     import json
 
     rows = 0
-    with open(path, "w", encoding="utf-8") as out:
+    with writable_path(path).open("w", encoding="utf-8") as out:
         for batch in corpus.filter(lambda row: row["negative_reason"] is not None) \
                 .select_columns(["text", "negative_reason"]).iter_batches(batch_format="pyarrow"):
             for text, reason in zip(batch["text"].to_pylist(), batch["negative_reason"].to_pylist()):

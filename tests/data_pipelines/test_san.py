@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from data_pipelines.san import (
@@ -152,16 +153,19 @@ def _generate_san_job():
     return generate_san
 
 
-def test_job_keeps_every_valid_anchor(ray_local, tmp_path, monkeypatch):
-    """Guarded anchors stay in the corpus (negative None, the guard's reason), like the paper's whole Wiki1M."""
+def test_job_keeps_every_valid_anchor(ray_local, tmp_path, monkeypatch, s3):
+    """Guarded anchors stay in the corpus (negative None, the guard's reason), like the paper's whole Wiki1M. The
+    corpus is read from object storage (the local S3 endpoint) and every output is written there by the tasks."""
     import pyarrow.parquet as pq
+
+    from runtime.storage import storage_path
 
     job = _generate_san_job()
     corpus = tmp_path / "wiki.txt"
     corpus.write_bytes("\n".join(SENTENCES[:30]).encode() + b"\n?!\n\xff broken line\nToo short.\n...\nOk then it is.\n")
-    cfg = job.GenerateSanJobConfig(data={"train": str(corpus), "on_bad_record": "quarantine"},
+    cfg = job.GenerateSanJobConfig(data={"train": s3.upload(corpus, "wiki.txt"), "on_bad_record": "quarantine"},
                                    san={"model": "tiny:bert-mlm", "iterations": 2, "cpus_per_actor": 0.5},
-                                   output_dir=str(tmp_path / "san"), tracking={"experiment": "raoe-test"})
+                                   output_dir=s3.uri("san"), tracking={"experiment": "raoe-test"})
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     result = job.main(cfg)
@@ -169,7 +173,10 @@ def test_job_keeps_every_valid_anchor(ray_local, tmp_path, monkeypatch):
     assert result["rows_written"] == result["rows_in"] - result["rows_quarantined"] == 32
     assert result["rows_with_negative"] + result["rows_guarded"] == result["rows_written"]
     assert result["guarded"]["too_short"] == 1 and sum(result["guarded"].values()) == result["rows_guarded"]
-    table = pq.read_table(result["output_path"])
+    assert result["output_path"] == s3.uri("san/data") and result["quarantine_path"] == s3.uri("san/quarantine.jsonl")
+    assert len(storage_path(result["quarantine_path"]).read_text().splitlines()) == 3
+    shards = sorted(storage_path(result["output_path"]).glob("*.parquet"))
+    table = pa.concat_tables(pq.read_table(shard.open("rb")) for shard in shards)
     assert table.column_names == ["text", "negative", "negative_reason", "overlap"]
     rows = table.to_pylist()
     assert len(rows) == result["rows_written"] and "Too short." in {r["text"] for r in rows}
@@ -179,10 +186,11 @@ def test_job_keeps_every_valid_anchor(ray_local, tmp_path, monkeypatch):
     guarded_rows = [r for r in rows if r["negative"] is None]
     assert all(r["negative_reason"] in GUARD_REASONS for r in guarded_rows)
     assert {r["text"]: r["negative_reason"] for r in guarded_rows}["Too short."] == "too_short"
-    guarded = [json.loads(x) for x in open(result["guarded_path"])]
+    guarded = [json.loads(x) for x in storage_path(result["guarded_path"]).read_text().splitlines()]
     assert sorted((g["text"], g["reason"]) for g in guarded) == sorted((r["text"], r["negative_reason"])
                                                                          for r in guarded_rows)
-    assert set(result["changed_share_by_pos"]) >= {"NOUN", "DET"} and Path(result["plot"]).exists()
+    assert set(result["changed_share_by_pos"]) >= {"NOUN", "DET"} and result["plot"] == s3.uri("san/san_changes.png")
+    assert storage_path(result["plot"]).read_bytes().startswith(b"\x89PNG")
     assert all(e["negative"] for e in result["examples"])
 
 
