@@ -13,6 +13,7 @@ from data_pipelines.teachers import TeacherConfig
 from jobconfig import parse_job_args
 from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, SharedFilesystem, TrackingConfig
 from runtime.result import run_job
+from runtime.storage import join, remove_tree, staged_folder, storage_path
 
 
 class AnnotateInput(DataConfig):
@@ -45,9 +46,7 @@ class AnnotateJobConfig(Section):
 
 def main(cfg: AnnotateJobConfig) -> dict:
     import json
-    import shutil
     import time
-    from pathlib import Path
 
     import mlflow
 
@@ -60,7 +59,7 @@ def main(cfg: AnnotateJobConfig) -> dict:
 
     if not cfg.data.train:
         raise ValueError("data.train must name the NLI pairs to annotate")
-    out = Path(cfg.output_dir).resolve()
+    out = cfg.output_dir  # a local folder (made absolute by the config) or an object-store URI
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     started = time.time()
     gpus_wanted_here({f"teachers[{i}].gpus_per_actor": t.gpus_per_actor for i, t in enumerate(cfg.teachers)})
@@ -70,18 +69,18 @@ def main(cfg: AnnotateJobConfig) -> dict:
             ds, report = load_corpus(
                 "pairs", cfg.data.train, fmt=cfg.data.format, split=split, max_rows=cfg.data.max_rows,
                 shuffle_seed=cfg.data.shuffle_seed,
-                on_bad_record=cfg.data.on_bad_record, quarantine_path=out / f"quarantine-{split or 'all'}.jsonl",
+                on_bad_record=cfg.data.on_bad_record, quarantine_path=join(out, f"quarantine-{split or 'all'}.jsonl"),
             )
             datasets.append(ds)
             reports.append(report)
         ds = datasets[0].union(*datasets[1:]) if len(datasets) > 1 else datasets[0]
         print(f"scoring {sum(r.rows_written for r in reports)} pairs with {len(cfg.teachers)} teacher(s) ...", flush=True)
         scored = add_teacher_scores(ds, cfg.teachers, cfg.batch_rows, cfg.teacher_pools).materialize()
-        shutil.rmtree(out / "data", ignore_errors=True)
+        remove_tree(storage_path(join(out, "data")))  # written by the tasks holding the rows, on any node
         if cfg.output_format == "parquet":
-            scored.write_parquet(str(out / "data"))
+            scored.write_parquet(join(out, "data"))
         else:
-            scored.write_json(str(out / "data"))
+            scored.write_json(join(out, "data"))
         names = [t.name for t in cfg.teachers]
         # Statistics from counts each block adds up (batches stream through the driver, none is kept)
         counts_by_block = scored.select_columns(["label", "similarity", *[f"s_{n}" for n in names]]).map_batches(
@@ -90,20 +89,23 @@ def main(cfg: AnnotateJobConfig) -> dict:
         score_totals = merge_counts(json.loads(row["counts"]) for row in counts_by_block.iter_rows())
     seconds = time.time() - started
     stats = summarise(score_totals, names)
-    plot = plot_distribution(score_totals, out / "s_distribution.png")
     scored_pairs = stats["S"]["count"]
     counts = {k: sum(getattr(r, k) for r in reports) for k in ("rows_in", "rows_written", "rows_quarantined",
                                                                  "rows_without_gold")}
     quarantine = [r.quarantine_path for r in reports if r.quarantine_path]
-    with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
-        mlflow.log_params({"data.train": cfg.data.train, "teachers": ",".join(t.source for t in cfg.teachers)})
-        mlflow.log_metrics({**{k: float(v) for k, v in counts.items()}, "pairs_per_second": scored_pairs / seconds})
-        mlflow.log_dict(stats, "s_statistics.json")
-        mlflow.log_artifact(str(plot))
+    with staged_folder(out) as staged:  # the plot is drawn on local disk, kept beside the data and logged from there
+        plot = plot_distribution(score_totals, staged.local / "s_distribution.png")
+        staged.publish()
+        with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
+            mlflow.log_params({"data.train": cfg.data.train, "teachers": ",".join(t.source for t in cfg.teachers)})
+            mlflow.log_metrics({**{k: float(v) for k, v in counts.items()},
+                                "pairs_per_second": scored_pairs / seconds})
+            mlflow.log_dict(stats, "s_statistics.json")
+            mlflow.log_artifact(str(plot))
     return {
-        "output_path": str(out / "data"), "output_format": cfg.output_format, **counts,
+        "output_path": join(out, "data"), "output_format": cfg.output_format, **counts,
         "quarantine_path": quarantine[0] if len(quarantine) == 1 else (quarantine or None),
-        "pairs_per_second": scored_pairs / seconds, "seconds": seconds, "statistics": stats, "plot": str(plot),
+        "pairs_per_second": scored_pairs / seconds, "seconds": seconds, "statistics": stats, "plot": staged.final(plot),
         "run_id": run.info.run_id,
     }
 

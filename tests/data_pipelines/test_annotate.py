@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from data_pipelines.teachers import TeacherConfig, TeacherEncoder
+from runtime.storage import storage_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,9 +37,9 @@ def _run_in_this_process(sets: list[str], tmp_path, monkeypatch, capsys) -> dict
 
 # "shared": the command line in a process of its own, which starts and stops the local Ray it runs on (the one test
 # of a job doing so end to end); "separate": the same job on the tests' running Ray (~20 s less than another process
-# and Ray start).
+# and Ray start), writing its outputs to object storage (the local S3 endpoint).
 @pytest.mark.parametrize("pools", ["shared", "separate"])
-def test_annotate_job_scores_equal_direct_teacher_cosines(tmp_path, pools, monkeypatch, capsys):
+def test_annotate_job_scores_equal_direct_teacher_cosines(tmp_path, pools, monkeypatch, capsys, request):
     pairs = [
         {"text1": "a man is playing music", "text2": "a person plays a guitar", "label": "entailment"},
         {"text1": "a man is playing music", "text2": "a dog sleeps", "label": "contradiction"},
@@ -48,7 +49,7 @@ def test_annotate_job_scores_equal_direct_teacher_cosines(tmp_path, pools, monke
     ]
     data = tmp_path / "nli.jsonl"
     data.write_text("\n".join(json.dumps(p) for p in pairs) + "\n")
-    out = tmp_path / "out"
+    out = request.getfixturevalue("s3").uri("annotated") if pools == "separate" else tmp_path / "out"
     sets = [f"data.train={data}", "data.format=pairs_jsonl", "data.splits=[]", "data.max_rows=null",
             "data.on_bad_record=quarantine", f"output_dir={out}", f"teacher_pools={pools}"]
     if pools == "separate":
@@ -63,7 +64,9 @@ def test_annotate_job_scores_equal_direct_teacher_cosines(tmp_path, pools, monke
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (result["rows_in"], result["rows_written"], result["rows_quarantined"]) == (5, 4, 1)
-    quarantined = [json.loads(line) for line in open(result["quarantine_path"])]
+    assert result["output_path"] == f"{out}/data" and result["plot"] == f"{out}/s_distribution.png"
+    assert storage_path(result["plot"]).read_bytes().startswith(b"\x89PNG")
+    quarantined = [json.loads(line) for line in storage_path(result["quarantine_path"]).read_text().splitlines()]
     assert quarantined[0]["line"] == 4 and quarantined[0]["reason"] == "field 'text2' is empty"
     assert set(result["statistics"]["per_label"]) == {"entailment", "neutral", "contradiction"}
 
