@@ -21,6 +21,7 @@ from encoders.devices import pool_resources
 from jobconfig import parse_job_args
 from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, SharedFilesystem, TrackingConfig, TrustRemoteCode
 from runtime.result import run_job
+from runtime.storage import join, staged_folder
 
 # lists.seeds_from -> (corpus kind data.train is read as, the column seeds are sampled from)
 SEED_SOURCES = {"premises": ("pairs", "text1"), "sentences": ("sentences", "text")}
@@ -144,7 +145,6 @@ def _plot(curves: dict[str, list[float]], path):
 
 def main(cfg: GenerateListsJobConfig) -> dict:
     import time
-    from pathlib import Path
 
     import mlflow
 
@@ -162,13 +162,13 @@ def main(cfg: GenerateListsJobConfig) -> dict:
     seed_encoder = TeacherConfig(name="seed", source=cfg.lists.seed_encoder, batch_size=64,
                                  trust_remote_code=cfg.lists.trust_remote_code)
     encoder = TeacherEncoder(seed_encoder)  # the lists' similarity curves (at most compare_lists, or the lists)
-    out = Path(cfg.output_dir).resolve()
+    out = cfg.output_dir  # a local folder (made absolute by the config) or an object-store URI
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     started = time.time()
     kind, column = SEED_SOURCES[cfg.lists.seeds_from]
     gpus_wanted_here({"lists.gpus_per_actor": cfg.lists.gpus_per_actor})
     with ray_session(outputs={"output_dir": cfg.output_dir}, shared_filesystem=cfg.shared_filesystem):
-        ds, report = load_configured(kind, cfg.data, out / "quarantine.jsonl")
+        ds, report = load_configured(kind, cfg.data, join(out, "quarantine.jsonl"))
         texts, embeddings, candidates = _candidates(ds, column, seed_encoder, cfg.lists)
         if not texts:
             raise ValueError(f"data.train has no {cfg.lists.seeds_from} to sample seeds from (column {column})")
@@ -185,32 +185,34 @@ def main(cfg: GenerateListsJobConfig) -> dict:
     lists = [list(x) for x in generated["sentences"]]
     written = [x for x in lists if len(x) >= 2]
     reasons = generated["stopped"].dropna().value_counts().to_dict()
-    (out / "data").mkdir(parents=True, exist_ok=True)
-    _write_jsonl(out / "data" / "lists.jsonl", [{"sentences": sentences} for sentences in written])
-    pairs = match_by_seed(generated, baseline) if baseline is not None else []
-    _write_jsonl(out / "compared_lists.jsonl", pairs)
-    curves = {f"lam {cfg.lists.lam} (directional)": similarity_by_position([p["lam"] for p in pairs] or written,
-                                                                           encoder)}
-    if pairs:
-        curves["lam 0 (step-by-step prompting)"] = similarity_by_position([p["lam0"] for p in pairs], encoder)
-    picture = _plot(curves, out / "similarity_by_position.png")
-    counts = {"seeds": len(seeds), "seed_candidates": candidates, "kmeans_rows": len(texts), "lists_written": len(written),
-              "lists_without_sentences": len(lists) - len(written),
-              "lists_stopped_early": int(generated["stopped"].notna().sum()),
-              "sentences": sum(len(x) for x in written), "lists_compared": len(pairs)}
-    with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
-        mlflow.log_params({"data.train": cfg.data.train, "seed_column": column,
-                           **{f"lists.{k}": str(v)[:500] for k, v in cfg.lists.model_dump().items()}})
-        mlflow.log_metrics({**{k: float(v) for k, v in counts.items()}, "seconds": seconds})
-        mlflow.log_dict({"similarity_by_position": curves, "stopped": reasons, "examples": written[:5]},
-                        "lists_statistics.json")
-        mlflow.log_artifact(str(picture))
+    with staged_folder(out) as staged:  # written on local disk, kept in output_dir, logged from local disk
+        (staged.local / "data").mkdir(parents=True, exist_ok=True)
+        _write_jsonl(staged.local / "data" / "lists.jsonl", [{"sentences": sentences} for sentences in written])
+        pairs = match_by_seed(generated, baseline) if baseline is not None else []
+        _write_jsonl(staged.local / "compared_lists.jsonl", pairs)
+        curves = {f"lam {cfg.lists.lam} (directional)": similarity_by_position([p["lam"] for p in pairs] or written,
+                                                                               encoder)}
+        if pairs:
+            curves["lam 0 (step-by-step prompting)"] = similarity_by_position([p["lam0"] for p in pairs], encoder)
+        picture = _plot(curves, staged.local / "similarity_by_position.png")
+        staged.publish()
+        counts = {"seeds": len(seeds), "seed_candidates": candidates, "kmeans_rows": len(texts),
+                  "lists_written": len(written), "lists_without_sentences": len(lists) - len(written),
+                  "lists_stopped_early": int(generated["stopped"].notna().sum()),
+                  "sentences": sum(len(x) for x in written), "lists_compared": len(pairs)}
+        with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
+            mlflow.log_params({"data.train": cfg.data.train, "seed_column": column,
+                               **{f"lists.{k}": str(v)[:500] for k, v in cfg.lists.model_dump().items()}})
+            mlflow.log_metrics({**{k: float(v) for k, v in counts.items()}, "seconds": seconds})
+            mlflow.log_dict({"similarity_by_position": curves, "stopped": reasons, "examples": written[:5]},
+                            "lists_statistics.json")
+            mlflow.log_artifact(str(picture))
     # run_job's JSON line takes the payload's status over "ok"
     empty = {} if written else {"status": "empty", "reason": empty_reason(len(lists), reasons, cfg.lists.max_new_tokens)}
     return {**empty, **counts, "seeds_from": cfg.lists.seeds_from, "seed_column": column, "stopped": reasons,
-            "rows_in": report.rows_in, "rows_quarantined": report.rows_quarantined, "output_path": str(out / "data"),
-            "compared_path": str(out / "compared_lists.jsonl"), "similarity_by_position": curves,
-            "plot": str(picture), "seconds": seconds, "examples": written[:2], "run_id": run.info.run_id}
+            "rows_in": report.rows_in, "rows_quarantined": report.rows_quarantined, "output_path": join(out, "data"),
+            "compared_path": join(out, "compared_lists.jsonl"), "similarity_by_position": curves,
+            "plot": staged.final(picture), "seconds": seconds, "examples": written[:2], "run_id": run.info.run_id}
 
 
 def _candidates(ds, column: str, seed_encoder, cfg: ListsSection):

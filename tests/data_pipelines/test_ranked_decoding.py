@@ -85,9 +85,10 @@ def test_list_checks(sentence, reason):
     assert check_sentence(sentence, ["a man sits.", "Two men sit."]) == reason
 
 
-def test_generate_lists_job_accounts_for_every_seed(tmp_path, monkeypatch):
-    """The tiny config end to end: seeds are premises, lists are written, and the lam and lam = 0 lists are compared
-    seed by seed even when the actor pool hands rows back in another order (here: reversed)."""
+def test_generate_lists_job_accounts_for_every_seed(tmp_path, monkeypatch, s3):
+    """The tiny config end to end: seeds are premises, lists are written (to object storage: the local S3
+    endpoint), and the lam and lam = 0 lists are compared seed by seed even when the actor pool hands rows back in
+    another order (here: reversed)."""
     import json
     import sys
     from pathlib import Path
@@ -99,10 +100,11 @@ def test_generate_lists_job_accounts_for_every_seed(tmp_path, monkeypatch):
     finally:
         sys.path.remove(str(root / "ray_jobs"))
     from jobconfig import load_config
+    from runtime.storage import storage_path
 
     pairs = root / "configs/tiny/data/nli_pairs.jsonl"
     cfg = load_config(job.GenerateListsJobConfig, root / "configs" / "tiny" / "generate_lists.yaml", [
-        f"data.train={pairs}", f"output_dir={tmp_path}", "tracking.experiment=raoe-test",
+        f"data.train={pairs}", f"output_dir={s3.uri('lists')}", "tracking.experiment=raoe-test",
         "lists.actors=1"])  # one actor per pool: the rows come back in another order through the reversal below
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
@@ -114,10 +116,13 @@ def test_generate_lists_job_accounts_for_every_seed(tmp_path, monkeypatch):
     assert result["seed_candidates"] == len(premises) and result["seeds"] == 8
     assert result["lists_written"] >= 1 and result["lists_written"] + result["lists_without_sentences"] == 8
     assert result["lists_stopped_early"] == sum(result["stopped"].values())
-    lists = [json.loads(x)["sentences"] for x in open(Path(result["output_path"]) / "lists.jsonl")]
+    assert result["output_path"] == s3.uri("lists/data") and result["plot"] == s3.uri("lists/similarity_by_position.png")
+    assert storage_path(result["plot"]).read_bytes().startswith(b"\x89PNG")
+    written = storage_path(f"{result['output_path']}/lists.jsonl").read_text().splitlines()
+    lists = [json.loads(x)["sentences"] for x in written]
     assert len(lists) == result["lists_written"] and sum(map(len, lists)) == result["sentences"]
     assert all(x[0] in premises for x in lists)
-    compared = [json.loads(x) for x in open(result["compared_path"])]
+    compared = [json.loads(x) for x in storage_path(result["compared_path"]).read_text().splitlines()]
     assert len(compared) == result["lists_compared"] == 4
     assert all(c["lam"][0] == c["lam0"][0] == c["seed"] for c in compared)
     curves = result["similarity_by_position"]
