@@ -16,7 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
-from runtime.storage import file_identity, remove_tree, storage_path, writable_path
+from storage.paths import file_identity, remove_tree, storage_path, writable_path
 
 CACHE_VERSION = 2  # 2: entries are attempt folders whose report is written last and lists their Parquet files
 REPORT = "report.json"

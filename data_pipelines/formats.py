@@ -42,7 +42,7 @@ def file_spans(path: Path, target_bytes: int, chunk_bytes: int = 8 << 20) -> lis
     if size <= target_bytes:
         return [Span(0, size, 1)]
     spans, start, first_line, line, offset, cut = [], 0, 1, 1, 0, target_bytes
-    with path.open("rb") as f:  # a Path or an object-store UPath (runtime.storage)
+    with path.open("rb") as f:  # a Path or an object-store UPath (storage.paths)
         while chunk := f.read(chunk_bytes):
             position = 0
             while offset + len(chunk) > cut:  # the first line end at or after ``cut`` closes a span

@@ -24,6 +24,7 @@ from data_pipelines.records import LABELS
 from encoders.devices import EncoderPool, actor_device, pool_resources
 from evaluation.corpus_index import CorpusIndex
 from evaluation.figures import pyplot, save_figure
+from storage.paths import file_identity, storage_path
 
 HISTOGRAM_BINS = np.linspace(-1.0, 1.0, 41)
 
@@ -95,11 +96,11 @@ def mining_corpus(pairs, corpus_path: str | None, corpus_fmt: str, data_key: str
     if corpus_path is None:
         texts = pairs.select_columns(["text2"]).rename_columns({"text2": "text"})
         key = "positives of " + data_key
-    elif (Path(corpus_path) / "corpus.jsonl").exists():
+    elif (storage_path(corpus_path) / "corpus.jsonl").exists():  # a BEIR folder, local or on object storage
         from evaluation.retrieval_suite import corpus_dataset
 
         texts = corpus_dataset(corpus_path).select_columns(["text"])
-        key = "beir " + str(Path(corpus_path).resolve()) + " " + str((Path(corpus_path) / "corpus.jsonl").stat().st_mtime_ns)
+        key = "beir " + json.dumps(file_identity(storage_path(corpus_path) / "corpus.jsonl"))
     else:
         texts, _ = load_corpus("sentences", corpus_path, fmt=corpus_fmt)
         files, resolved = corpus_files(corpus_path, "sentences", corpus_fmt)

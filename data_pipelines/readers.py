@@ -11,7 +11,7 @@ from typing import Any, Literal
 from data_pipelines.corpus_cache import corpus_key, read_cached, write_cached
 from data_pipelines.formats import FIELDS, PARSERS, SPLITTABLE, Span, detect_format, file_spans, parse
 from data_pipelines.hub import hub_rows, is_hub_source
-from runtime.storage import storage_path, writable_path
+from storage.paths import storage_path, writable_path
 
 MAX_LISTED = 20
 SPAN_BYTES = 16 << 20  # text per read task: bounds a task's memory (its rows as Python objects) and spreads a file
@@ -44,7 +44,7 @@ SUFFIX_FORMATS = {(".parquet",): ("parquet",), (".csv", ".tsv"): ("csv", "stsb_c
 
 
 def corpus_files(path: str | Path, kind: str, fmt: str) -> tuple[list[Path], str]:
-    """The files (or SentEval folder) behind ``path`` (local or on object storage: runtime.storage) and the format
+    """The files (or SentEval folder) behind ``path`` (local or on object storage: storage.paths) and the format
     that reads them; a format that cannot read them (data.format senteval_nli on a file, parquet on a .jsonl, ...) is
     an error naming both."""
     root = storage_path(path)

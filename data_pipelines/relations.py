@@ -21,7 +21,7 @@ from data_pipelines.hub import is_hub_source
 from data_pipelines.readers import DataReport, corpus_files, count_where, load_corpus
 from data_pipelines.triplets import nli_triplets
 from jobconfig.schema import TripleSource
-from runtime.storage import storage_path, writable_path
+from storage.paths import storage_path, writable_path
 
 TRIPLE_COLUMNS = ["head", "tail", "relation", "negative"]
 TRIPLE_SCHEMA = pa.schema([(c, pa.string()) for c in TRIPLE_COLUMNS])

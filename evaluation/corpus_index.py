@@ -27,6 +27,7 @@ import numpy as np
 
 from encoders.cache import building, cache_root
 from encoders.devices import EncoderPool, pool_resources
+from storage.paths import storage_path
 
 SHARD_ROWS = 16384  # rows per shard file: the chunk of one search step
 INDEX_FORMAT = 2  # in the cache key: 1 kept ids and texts in parquet, read whole
@@ -104,7 +105,7 @@ def file_fingerprint(*paths: str | Path) -> str:
     """The content of corpus files (sha1 of their bytes, streamed)."""
     digest = hashlib.sha1()
     for path in paths:
-        with open(path, "rb") as f:
+        with storage_path(path).open("rb") as f:
             for block in iter(lambda: f.read(1 << 24), b""):
                 digest.update(block)
     return digest.hexdigest()

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from evaluation.figures import pyplot, save_figure
+from storage.paths import storage_path
 
 METRICS = ("ndcg@10", "mrr@10", "recall@10", "recall@100", "map@100")
 DEPTH = 100  # documents retrieved per query: the deepest cut of METRICS
@@ -43,10 +44,10 @@ def corpus_text(record: dict) -> str:
     return f"{record.get('title') or ''} {record.get('text') or ''}".strip()
 
 
-def _jsonl(path: Path, required: tuple[str, ...]):
+def _jsonl(path, required: tuple[str, ...]):
     if not path.exists():
         raise BeirFormatError(f"{path}: missing (a BEIR folder holds corpus.jsonl, queries.jsonl, qrels/<split>.tsv)")
-    with open(path, encoding="utf-8") as f:
+    with path.open(encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -60,12 +61,13 @@ def _jsonl(path: Path, required: tuple[str, ...]):
             yield record
 
 
-def read_qrels(path: Path) -> dict[str, dict[str, int]]:
+def read_qrels(path) -> dict[str, dict[str, int]]:
     """``query-id, corpus-id, score`` rows (tab-separated, header line optional); only score > 0 is kept."""
+    path = storage_path(path)
     if not path.exists():
         raise BeirFormatError(f"{path}: missing qrels file (qrels/<split>.tsv)")
     qrels: dict[str, dict[str, int]] = {}
-    with open(path, encoding="utf-8") as f:
+    with path.open(encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             parts = line.rstrip("\n").split("\t")
             if not line.strip() or (line_no == 1 and parts[0] == "query-id"):
@@ -87,7 +89,7 @@ def read_task(source: str, split: str = "test", name: str | None = None,
     if source.startswith(HUB_PREFIX):
         queries, qrels = _hub_queries_qrels(source.removeprefix(HUB_PREFIX), split)
     else:
-        root = Path(source)
+        root = storage_path(source)  # a local folder or one on object storage
         qrels = read_qrels(root / "qrels" / f"{split}.tsv")
         queries = {str(r["_id"]): str(r["text"]) for r in _jsonl(root / "queries.jsonl", ("_id", "text"))}
     unknown = sorted(set(qrels) - set(queries))
@@ -109,7 +111,7 @@ def read_corpus(source: str):
         for r in hub_part(source.removeprefix(HUB_PREFIX), "corpus"):
             yield str(r["_id"]), corpus_text(r)
         return
-    for r in _jsonl(Path(source) / "corpus.jsonl", ("_id", "text")):
+    for r in _jsonl(storage_path(source) / "corpus.jsonl", ("_id", "text")):
         yield str(r["_id"]), corpus_text(r)
 
 

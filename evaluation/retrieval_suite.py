@@ -4,7 +4,6 @@ its queries encoded by the same pool, exact top-100 search shard by shard, BEIR'
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 
@@ -22,6 +21,7 @@ from evaluation.retrieval import (
     score_rankings,
 )
 from evaluation.search import RunningTopK
+from storage.paths import storage_path
 
 
 def retrieval_outputs(eval_cfg) -> dict[str, str]:
@@ -36,7 +36,7 @@ def corpus_dataset(source: str):
     if source.startswith(HUB_PREFIX):
         return ray.data.from_huggingface(hub_part(source.removeprefix(HUB_PREFIX), "corpus")).map_batches(
             _hub_rows, batch_format="pyarrow")
-    path = Path(source) / "corpus.jsonl"
+    path = storage_path(source) / "corpus.jsonl"
     if not path.exists():
         raise BeirFormatError(f"{path}: missing (a BEIR folder holds corpus.jsonl, queries.jsonl, qrels/<split>.tsv)")
     return ray.data.read_text(str(path)).map_batches(_parse_corpus_lines, fn_kwargs={"path": str(path)})
@@ -65,7 +65,7 @@ def _hub_rows(table):
 
 def corpus_key(source: str) -> str:
     """What the cached index of a task's corpus is keyed by: the file's content, or the hub dataset's name."""
-    return source if source.startswith(HUB_PREFIX) else file_fingerprint(Path(source) / "corpus.jsonl")
+    return source if source.startswith(HUB_PREFIX) else file_fingerprint(storage_path(source) / "corpus.jsonl")
 
 
 def search_index(index: CorpusIndex, query_embeddings: np.ndarray, k: int = DEPTH) -> tuple[np.ndarray, np.ndarray]:

@@ -13,7 +13,7 @@ from data_pipelines.teachers import TeacherConfig
 from jobconfig import parse_job_args
 from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, SharedFilesystem, TrackingConfig
 from runtime.result import run_job
-from runtime.storage import join, remove_tree, staged_folder, storage_path
+from storage.paths import join, remove_tree, staged_folder, storage_path
 
 
 class AnnotateInput(DataConfig):

@@ -21,7 +21,7 @@ from encoders.devices import pool_resources
 from jobconfig import parse_job_args
 from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, SharedFilesystem, TrackingConfig, TrustRemoteCode
 from runtime.result import run_job
-from runtime.storage import join, staged_folder
+from storage.paths import join, staged_folder
 
 # lists.seeds_from -> (corpus kind data.train is read as, the column seeds are sampled from)
 SEED_SOURCES = {"premises": ("pairs", "text1"), "sentences": ("sentences", "text")}

@@ -19,7 +19,7 @@ from data_pipelines.san import SanConfig
 from jobconfig import parse_job_args
 from jobconfig.schema import RELATIVE, DataConfig, OutputPath, Section, SharedFilesystem, TrackingConfig
 from runtime.result import run_job
-from runtime.storage import join, remove_tree, staged_folder, storage_path, writable_path
+from storage.paths import join, remove_tree, staged_folder, storage_path, writable_path
 
 
 class GenerateSanJobConfig(Section):

@@ -21,6 +21,7 @@ import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from jobconfig import parse_job_args
 from jobconfig.schema import RELATIVE, EncoderPoolSection, OutputPath, Section, SharedFilesystem, TrackingConfig
 from runtime.result import run_job
+from storage.paths import join, remove_tree, staged_folder, storage_path
 
 
 class MiningDataConfig(Section):
@@ -60,9 +61,7 @@ class MineJobConfig(EncoderPoolSection):
 
 
 def main(cfg: MineJobConfig) -> dict:
-    import shutil
     import time
-    from pathlib import Path
 
     import mlflow
 
@@ -83,13 +82,14 @@ def main(cfg: MineJobConfig) -> dict:
 
     model_path = resolve_model(cfg.mining.model)  # fails here, before any Ray resource, if it cannot be found
     teacher_path = resolve_model(cfg.mining.teacher) if cfg.mining.teacher else None
-    out = Path(cfg.output_path)
+    out = cfg.output_path.rstrip("/")  # a local folder (made absolute by the config) or an object-store URI
+    beside, name = out.rpartition("/")[::2]  # the quarantine and the plot go next to the output folder
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     gpus_wanted_here({"gpus_per_actor": cfg.gpus_per_actor})
     pool = cfg.encoder_pool()
     started = time.time()
-    with ray_session(outputs={"output_path": str(out), **index_outputs()}, shared_filesystem=cfg.shared_filesystem):
-        pairs, report, data_key = query_positive_pairs(cfg.data, out.parent / f"{out.name}-quarantine.jsonl")
+    with ray_session(outputs={"output_path": out, **index_outputs()}, shared_filesystem=cfg.shared_filesystem):
+        pairs, report, data_key = query_positive_pairs(cfg.data, join(beside, f"{name}-quarantine.jsonl"))
         corpus, corpus_key = mining_corpus(pairs, cfg.mining.corpus, cfg.mining.corpus_format, data_key)
         index = corpus_index(corpus, model_path, corpus_key, pool=pool, batch_size=cfg.mining.batch_size,
                              keep_text=True)
@@ -100,22 +100,24 @@ def main(cfg: MineJobConfig) -> dict:
                                   cfg.mining.batch_size, cfg.gpus_per_actor)
         mined = mine(pairs, index, settings, pool, cfg.mining.queries_per_batch)
         counts = mining_report(mined)
-        shutil.rmtree(out, ignore_errors=True)
-        write_mined(mined, str(out))
+        remove_tree(storage_path(out))
+        write_mined(mined, out)  # by the tasks holding the rows, on any node
     seconds = time.time() - started
-    picture = plot_scores(counts["histogram"], out.parent / f"{out.name}-scores.png",
-                          f"{cfg.mining.model}: positives vs kept negatives ({cfg.mining.margin_type} "
-                          f"{cfg.mining.margin})")
-    result = {"output_path": str(out), "rows_in": report.rows_in, "rows_quarantined": report.rows_quarantined,
-              **{k: v for k, v in counts.items() if k != "histogram"}, "corpus_rows": index.rows,
-              "index_path": str(index.path), "seconds": seconds, "pairs_per_second": counts["pairs_in"] / seconds,
-              "histogram": counts["histogram"], "plot": str(picture)}
-    with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
-        mlflow.log_params({"data.train": cfg.data.train, **{f"mining.{k}": str(v)[:500]
-                                                             for k, v in cfg.mining.model_dump().items()}})
-        mlflow.log_metrics({k: float(v) for k, v in result.items() if isinstance(v, int | float)})
-        mlflow.log_dict(counts["histogram"], "mining/score_histogram.json")
-        mlflow.log_artifact(str(picture), "mining")
+    with staged_folder(beside) as staged:  # the plot is drawn on local disk, kept beside the output, logged from there
+        picture = plot_scores(counts["histogram"], staged.local / f"{name}-scores.png",
+                              f"{cfg.mining.model}: positives vs kept negatives ({cfg.mining.margin_type} "
+                              f"{cfg.mining.margin})")
+        staged.publish()
+        result = {"output_path": out, "rows_in": report.rows_in, "rows_quarantined": report.rows_quarantined,
+                  **{k: v for k, v in counts.items() if k != "histogram"}, "corpus_rows": index.rows,
+                  "index_path": str(index.path), "seconds": seconds, "pairs_per_second": counts["pairs_in"] / seconds,
+                  "histogram": counts["histogram"], "plot": staged.final(picture)}
+        with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
+            mlflow.log_params({"data.train": cfg.data.train, **{f"mining.{k}": str(v)[:500]
+                                                                 for k, v in cfg.mining.model_dump().items()}})
+            mlflow.log_metrics({k: float(v) for k, v in result.items() if isinstance(v, int | float)})
+            mlflow.log_dict(counts["histogram"], "mining/score_histogram.json")
+            mlflow.log_artifact(str(picture), "mining")
     return {**result, "run_id": run.info.run_id, "tracking_uri": tracking_uri()}
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from runtime.storage import STORAGE_ENV, is_uri
+from storage.paths import STORAGE_ENV, is_uri
 
 # DESIGN.md, measured here: this makes every Ray listener bind to loopback; it also turns on token
 # auth, which local runs switch off (a stale ~/.ray/auth_token otherwise kills actors).

@@ -89,7 +89,7 @@ class S3Bucket:
         return f"s3://{self.name}/{key}"
 
     def upload(self, local: Path, key: str) -> str:
-        from runtime.storage import storage_path
+        from storage.paths import storage_path
 
         files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
         for file in files:

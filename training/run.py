@@ -22,8 +22,8 @@ from evaluation.sts import stsb_dev_pairs
 from jobconfig.schema import TrainJobConfig, objective_params
 from objectives.composite import SPECS, CompositeObjective, fields_read
 from runtime.local_ray import ray_session, runs_local_ray, worker_env
-from runtime.storage import StagedFolder, is_uri, join, staged_folder
 from runtime.tracking_store import ensure_experiment, tracking_uri
+from storage.paths import StagedFolder, is_uri, join, staged_folder
 from tracking.metrics import RunTarget, metric_name, with_retries
 from tracking.model_card import model_card, write_model_card
 from tracking.model_registry import REGISTERED, log_and_register, run_for_name

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from data_pipelines.teachers import TeacherConfig, TeacherEncoder
-from runtime.storage import storage_path
+from storage.paths import storage_path
 
 ROOT = Path(__file__).resolve().parents[2]
 

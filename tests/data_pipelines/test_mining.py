@@ -101,11 +101,13 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
     assert dropped > 0 and without > 0  # the margin really drops candidates here, and leaves some pairs without
 
 
-def test_nli_pairs_mine_among_their_entailments_and_train_as_mined_triplets(ray_local, tmp_path, monkeypatch):
+def test_nli_pairs_mine_among_their_entailments_and_train_as_mined_triplets(ray_local, tmp_path, monkeypatch, s3):
     """Labelled NLI pairs: only entailment pairs are (query, positive); the default corpus is their positives; an
-    absolute margin; the rows equal the brute-force reference and read back as the mined-triplets kind."""
+    absolute margin; the rows, written by the tasks to object storage (the local S3 endpoint), equal the brute-force
+    reference and read back from there as the mined-triplets kind."""
     from data_pipelines.readers import load_corpus
     from encoders.sources import resolve_model_source
+    from storage.paths import storage_path
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
@@ -114,7 +116,7 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_mined_triplets(ray_
     source = ROOT / "configs" / "tiny" / "data" / "nli_pairs.jsonl"
     rows = [json.loads(line) for line in open(source)]
     entailed = {(r["text1"], r["text2"]) for r in rows if r["label"] == "entailment"}
-    cfg = job.MineJobConfig(data={"train": str(source)}, output_path=str(tmp_path / "mined"), cpus_per_actor=0.5,
+    cfg = job.MineJobConfig(data={"train": str(source)}, output_path=s3.uri("mined"), cpus_per_actor=0.5,
                             mining={"model": "tiny:bert", "top_k": 40, "margin": 0.01, "margin_type": "absolute",
                                     "negatives_per_row": 2}, tracking={"experiment": "raoe-test"})
     result = job.main(cfg)
@@ -123,6 +125,8 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_mined_triplets(ray_
                                             40, 0.01, "absolute", 2)
     assert result["rows_in"] == len(rows) and result["pairs_in"] == len(entailed)
     assert result["corpus_rows"] == len({p for _, p in entailed})
+    assert result["output_path"] == s3.uri("mined") and result["plot"] == s3.uri("mined-scores.png")
+    assert storage_path(result["plot"]).read_bytes().startswith(b"\x89PNG")
     ds, report = load_corpus("triplets", result["output_path"], fmt="triplets_jsonl")
     mined = ds.take_all()
     assert report.rows_written == result["rows_written"] == len(mined) > 0

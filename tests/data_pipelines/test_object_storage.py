@@ -1,4 +1,4 @@
-"""Corpora on object storage (runtime.storage) read exactly as the same files on disk, by the Ray Data tasks, on the
+"""Corpora on object storage (storage.paths) read exactly as the same files on disk, by the Ray Data tasks, on the
 tests' local S3 endpoint: every layout (a file read in spans, Parquet, a folder of files, a SentEval NLI folder),
 bad records named by their URI and line, and the corpus cache keyed by the object's content (its ETag)."""
 
@@ -10,7 +10,7 @@ import pytest
 
 import data_pipelines.readers as readers
 from data_pipelines.readers import BadDataError, load_corpus
-from runtime.storage import is_uri, storage_path
+from storage.paths import is_uri, storage_path
 
 
 def _pairs(count: int, bad_line: int | None = None) -> str:

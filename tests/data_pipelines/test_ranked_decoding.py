@@ -100,7 +100,7 @@ def test_generate_lists_job_accounts_for_every_seed(tmp_path, monkeypatch, s3):
     finally:
         sys.path.remove(str(root / "ray_jobs"))
     from jobconfig import load_config
-    from runtime.storage import storage_path
+    from storage.paths import storage_path
 
     pairs = root / "configs/tiny/data/nli_pairs.jsonl"
     cfg = load_config(job.GenerateListsJobConfig, root / "configs" / "tiny" / "generate_lists.yaml", [

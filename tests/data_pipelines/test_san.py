@@ -158,7 +158,7 @@ def test_job_keeps_every_valid_anchor(ray_local, tmp_path, monkeypatch, s3):
     corpus is read from object storage (the local S3 endpoint) and every output is written there by the tasks."""
     import pyarrow.parquet as pq
 
-    from runtime.storage import storage_path
+    from storage.paths import storage_path
 
     job = _generate_san_job()
     corpus = tmp_path / "wiki.txt"

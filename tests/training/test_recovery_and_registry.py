@@ -62,7 +62,7 @@ def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, 
 
     from encoders.backbone import inference_embeddings, load_encoder
     from encoders.model_uris import download_model
-    from runtime.storage import storage_path
+    from storage.paths import storage_path
     from training.run import run_training
 
     rows = [json.loads(line) for line in TINY_NLI.read_text().splitlines()][:64]
