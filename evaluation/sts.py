@@ -13,6 +13,7 @@ import numpy as np
 
 from encoders.relational import normalised_weights, relation_pair_scores
 from evaluation.figures import pyplot, save_figure
+from storage.paths import storage_path
 
 STS_SUBSETS = {
     "STS12": ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
@@ -69,7 +70,7 @@ def read_stsb_senteval(path: Path) -> STSPairs | None:
     if not path.exists():
         return None
     s1, s2, gold = [], [], []
-    with open(path, encoding="utf-8") as f:
+    with path.open(encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             parts = line.rstrip("\n").split("\t")
             if len(parts) < 7:
@@ -84,7 +85,7 @@ def read_sick(path: Path) -> STSPairs | None:
     """SICK tab-separated with header: pair_ID, sentence_A, sentence_B, relatedness_score, ..."""
     if not path.exists():
         return None
-    with open(path, encoding="utf-8") as f:
+    with path.open(encoding="utf-8") as f:
         rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     return STSPairs(
         [r["sentence_A"] for r in rows], [r["sentence_B"] for r in rows],
@@ -93,8 +94,9 @@ def read_sick(path: Path) -> STSPairs | None:
 
 
 def load_task(data_dir: str | Path, task: str, split: str = "test") -> STSPairs | None:
-    """The pairs of ``task`` under a SentEval root, or None when its files are absent."""
-    root = Path(data_dir)
+    """The pairs of ``task`` under a SentEval root (local or on object storage), or None when its files are
+    absent."""
+    root = storage_path(data_dir)
     if task in STS_SUBSETS:
         return read_senteval_sts_year(root / "STS" / f"{task}-en-test", STS_SUBSETS[task])
     if task == "STSBenchmark":

@@ -72,7 +72,6 @@ def _model_run(source: str) -> str | None:
 
 def main(cfg: EvaluateJobConfig) -> dict:
     import re
-    from pathlib import Path
 
     import mlflow
 
@@ -84,6 +83,7 @@ def main(cfg: EvaluateJobConfig) -> dict:
     from evaluation.sts import plot_cosine_vs_gold
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
+    from storage.paths import staged_folder
     from tracking.metrics import metric_name
     from tracking.promotion import suite_scores
 
@@ -95,52 +95,56 @@ def main(cfg: EvaluateJobConfig) -> dict:
     per_query: dict = {}
     scorer, cache = _relation_scorer(model_path, cfg.eval), {}  # one encoding of each sentence for every score
     gpus_wanted_here({"gpus_per_actor": cfg.gpus_per_actor})
-    with ray_session(outputs=retrieval_outputs(cfg.eval), shared_filesystem=cfg.shared_filesystem):
-        metrics = score_with_ray(model_path, cfg.eval, pool=cfg.encoder_pool(),
-                                 predictions=predictions, score=scorer, cache=cache)
-        retrieval = evaluate_retrieval(model_path, cfg.eval.retrieval, pool=cfg.encoder_pool(),
-                                       batch_size=cfg.eval.batch_size, per_query=per_query)
-        if scorer is not None:
-            relational = _relational_report(model_path, cfg, Path(cfg.output_dir) / f"{safe}-relations.png", cache)
-    print(f"{'task':<18}Spearman x100")
-    for task, value in metrics.items():
-        print(f"{task:<18}{'absent' if value is None else f'{value:.2f}'}")
-    plot = None
-    if "STSBenchmark" in predictions:
-        plot = plot_cosine_vs_gold(*predictions["STSBenchmark"], Path(cfg.output_dir) / f"{safe}-stsb.png",
-                                   f"STS-B {cfg.eval.stsb_split}")
-    if retrieval:
-        print(retrieval_table(retrieval))
-    run_id = _model_run(cfg.model.source) if is_model_uri(cfg.model.source) else None
-    _remember_for_promotion(cfg, suite_scores(metrics, retrieval) if not relational else None)
-    prefix = f"sts_{cfg.eval.stsb_split}"
-    with mlflow.start_run(run_id=run_id, experiment_id=None if run_id else experiment_id,
-                          run_name=None if run_id else cfg.tracking.run_name) as run:
-        if run_id is None:
-            mlflow.log_params({"model.source": cfg.model.source, "eval.data_dir": cfg.eval.data_dir,
-                               "eval.max_pairs": cfg.eval.max_pairs, "eval.stsb_split": cfg.eval.stsb_split})
-        mlflow.log_metrics({f"{prefix}/{k}": v for k, v in metrics.items() if v is not None})
-        mlflow.log_dict(metrics, f"evaluation/{prefix}.json")
-        if plot:
-            mlflow.log_artifact(str(plot), "evaluation")
+    with staged_folder(cfg.output_dir) as out:  # plots drawn on local disk, kept in output_dir, logged from there
+        with ray_session(outputs=retrieval_outputs(cfg.eval), shared_filesystem=cfg.shared_filesystem):
+            metrics = score_with_ray(model_path, cfg.eval, pool=cfg.encoder_pool(),
+                                     predictions=predictions, score=scorer, cache=cache)
+            retrieval = evaluate_retrieval(model_path, cfg.eval.retrieval, pool=cfg.encoder_pool(),
+                                           batch_size=cfg.eval.batch_size, per_query=per_query)
+            if scorer is not None:
+                relational = _relational_report(model_path, cfg, out.local / f"{safe}-relations.png", cache)
+        print(f"{'task':<18}Spearman x100")
+        for task, value in metrics.items():
+            print(f"{task:<18}{'absent' if value is None else f'{value:.2f}'}")
+        plot = None
+        if "STSBenchmark" in predictions:
+            plot = plot_cosine_vs_gold(*predictions["STSBenchmark"], out.local / f"{safe}-stsb.png",
+                                       f"STS-B {cfg.eval.stsb_split}")
         if retrieval:
-            retrieval_plot = plot_per_query(per_query, Path(cfg.output_dir) / f"{safe}-retrieval.png")
-            mlflow.log_metrics({metric_name(f"retrieval/{task}/{k}"): v for task, values in retrieval.items()
-                                for k, v in values.items()})
-            mlflow.log_table({"task": list(retrieval), **{m: [v[m] for v in retrieval.values()]
-                                                         for m in next(iter(retrieval.values()))}},
-                             "evaluation/retrieval.json")
-            mlflow.log_dict(per_query, "evaluation/retrieval_per_query.json")
-            mlflow.log_artifact(str(retrieval_plot), "evaluation")
-        if relational:
-            mlflow.log_dict(relational, f"evaluation/{prefix}_relations.json")
-            mlflow.log_artifact(relational["relation_similarity_plot"], "evaluation")
-            for rel, values in relational.get("relation_prediction", {}).items():
-                mlflow.log_metrics({metric_name(f"relation_prediction/{rel}/{k}"): v for k, v in values.items()})
+            print(retrieval_table(retrieval))
+        retrieval_plot = plot_per_query(per_query, out.local / f"{safe}-retrieval.png") if retrieval else None
+        out.publish()
+        run_id = _model_run(cfg.model.source) if is_model_uri(cfg.model.source) else None
+        _remember_for_promotion(cfg, suite_scores(metrics, retrieval) if not relational else None)
+        prefix = f"sts_{cfg.eval.stsb_split}"
+        with mlflow.start_run(run_id=run_id, experiment_id=None if run_id else experiment_id,
+                              run_name=None if run_id else cfg.tracking.run_name) as run:
+            if run_id is None:
+                mlflow.log_params({"model.source": cfg.model.source, "eval.data_dir": cfg.eval.data_dir,
+                                   "eval.max_pairs": cfg.eval.max_pairs, "eval.stsb_split": cfg.eval.stsb_split})
+            mlflow.log_metrics({f"{prefix}/{k}": v for k, v in metrics.items() if v is not None})
+            mlflow.log_dict(metrics, f"evaluation/{prefix}.json")
+            if plot:
+                mlflow.log_artifact(str(plot), "evaluation")
+            if retrieval:
+                mlflow.log_metrics({metric_name(f"retrieval/{task}/{k}"): v for task, values in retrieval.items()
+                                    for k, v in values.items()})
+                mlflow.log_table({"task": list(retrieval), **{m: [v[m] for v in retrieval.values()]
+                                                             for m in next(iter(retrieval.values()))}},
+                                 "evaluation/retrieval.json")
+                mlflow.log_dict(per_query, "evaluation/retrieval_per_query.json")
+                mlflow.log_artifact(str(retrieval_plot), "evaluation")
+            if relational:
+                mlflow.log_dict(relational, f"evaluation/{prefix}_relations.json")
+                mlflow.log_artifact(relational["relation_similarity_plot"], "evaluation")
+                for rel, values in relational.get("relation_prediction", {}).items():
+                    mlflow.log_metrics({metric_name(f"relation_prediction/{rel}/{k}"): v for k, v in values.items()})
+    if relational:
+        relational["relation_similarity_plot"] = out.final(relational["relation_similarity_plot"])
     return {"model": cfg.model.source, "model_path": model_path, "metrics": metrics,
             "absent": [k for k, v in metrics.items() if v is None], "retrieval": retrieval, "run_id": run.info.run_id,
-            "logged_on_model_run": run_id is not None, "plot": str(plot) if plot else None,
-            "retrieval_plot": str(retrieval_plot) if retrieval else None,
+            "logged_on_model_run": run_id is not None, "plot": out.final(plot) if plot else None,
+            "retrieval_plot": out.final(retrieval_plot) if retrieval_plot else None,
             "tracking_uri": tracking_uri(), **relational}
 
 
@@ -176,6 +180,7 @@ def _relational_report(model_path: str, cfg, plot_path, cache: dict) -> dict:
 
     from encoders.relational import normalised_weights, plot_relation_similarity, read_relation_table, relation_prediction
     from evaluation.encode import ray_encoder, score_with_ray
+    from storage.paths import storage_path
 
     names, vectors = read_relation_table(model_path)
     weights = dict(zip(names, normalised_weights(names, cfg.eval.relation_weights).tolist()))
@@ -183,7 +188,8 @@ def _relational_report(model_path: str, cfg, plot_path, cache: dict) -> dict:
         model_path, cfg.eval, pool=cfg.encoder_pool(), cache=cache),
         "relation_similarity_plot": str(plot_relation_similarity(names, vectors, plot_path))}
     if cfg.eval.triples:
-        triples = [json.loads(line) for line in open(cfg.eval.triples, encoding="utf-8") if line.strip()]
+        lines = storage_path(cfg.eval.triples).read_text(encoding="utf-8").splitlines()
+        triples = [json.loads(line) for line in lines if line.strip()]
         encode = ray_encoder(model_path, cfg.eval.batch_size, pool=cfg.encoder_pool(), cache=cache)
         out["relation_prediction"] = relation_prediction(encode, triples, names, vectors)
     return out

@@ -168,9 +168,11 @@ def test_a_retrieval_dev_set_scores_as_the_evaluator_and_must_be_dev_sized(tmp_p
         read_dev_set(str(folder), max_documents=59)
 
 
-def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch, ray_local):
+def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch, ray_local, s3):
     """The whole path (Ray Data actors encode the corpus into cached shards, chunked top-100, BEIR metrics) against
-    sentence-transformers' evaluator on the same tiny model; a second evaluation reads the cached shards."""
+    sentence-transformers' evaluator on the same tiny model; then the evaluate job on the same task copied to object
+    storage (the local S3 endpoint), its plot written there, gives the same numbers from the cached shards (the
+    index is keyed by the corpus's content, not its place)."""
     from encoders.backbone import build_encoder, export_encoder
     from encoders.devices import EncoderPool
     from encoders.sources import resolve_model_source
@@ -187,10 +189,10 @@ def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch,
     ours = evaluate_retrieval(str(model), tasks, pool=EncoderPool(), batch_size=8, per_query=per_query)
     index_dirs = list((tmp_path / "cache" / "corpus-embeddings").iterdir())
     meta_time = (index_dirs[0] / "meta.json").stat().st_mtime_ns
-    again = evaluate_retrieval(str(model), tasks, pool=EncoderPool(), batch_size=8)
+    again = _evaluate_job_on(s3.upload(folder, "beir-tiny"), model, tmp_path, monkeypatch, s3)
     assert len(index_dirs) == 1 and len(json.loads((index_dirs[0] / "meta.json").read_text())["shards"]) >= 4
     assert (index_dirs[0] / "meta.json").stat().st_mtime_ns == meta_time  # read from the cache, not rebuilt
-    assert again == ours
+    assert again["retrieval"] == ours and again["metrics"]["STSBenchmark"] is None  # no STS data: absent
 
     reference = _st_reference(model, corpus, queries, qrels)
     got = ours["beir-tiny"]
@@ -198,6 +200,27 @@ def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch,
                         ("recall@100", "recall@100"), ("map@100", "map@100")]:
         assert got[metric] == pytest.approx(reference[f"t_cosine_{key}"], abs=1e-4), metric
     assert set(per_query["beir-tiny"]) == set(queries)
+
+
+def _evaluate_job_on(task: str, model, tmp_path, monkeypatch, s3) -> dict:
+    from jobconfig import load_config
+    from storage.paths import storage_path
+
+    jobs = str(Path(__file__).resolve().parents[2] / "ray_jobs")
+    sys.path.insert(0, jobs)
+    try:
+        import evaluate as job
+    finally:
+        sys.path.remove(jobs)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
+    cfg = load_config(job.EvaluateJobConfig, None, [
+        f"model.source={model}", f"eval.retrieval=[{task}]", f"eval.data_dir={tmp_path / 'no-sts'}",
+        "eval.batch_size=8", f"output_dir={s3.uri('eval')}", "tracking.experiment=raoe-test", "cpus_per_actor=0.5"])
+    result = job.main(cfg)
+    assert result["retrieval_plot"].startswith(s3.uri("eval/")) and result["retrieval_plot"].endswith("-retrieval.png")
+    assert storage_path(result["retrieval_plot"]).read_bytes().startswith(b"\x89PNG")
+    return result
 
 
 def test_config_names_tasks_and_promotion_scores_them_next_to_sts(tmp_path):
