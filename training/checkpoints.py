@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 
 from runtime.result import root_cause
+from storage.paths import storage_path
 
 MANIFEST = "manifest-rank{rank}.json"
 
@@ -95,6 +96,31 @@ def resume_folder(checkpoint, rank: int):
         if why is not None:
             raise RuntimeError(f"checkpoint {checkpoint.path} is not whole ({why})")
         yield downloaded
+
+
+def refuse_other_corpus(run_folder: str, fingerprint: str, rows: int, data: str) -> None:
+    """A run name resubmitted on data whose rows differ from those its checkpoints trained on is refused before any
+    work: it would continue from step N on other rows (the same files changed, another data.max_rows, other data).
+    Checkpoints from before fingerprints were recorded are taken as they are."""
+    recorded = _recorded_corpus(run_folder)
+    if recorded is None or recorded[1] in (None, fingerprint):
+        return
+    name, theirs = recorded
+    raise ValueError(f"{run_folder} was trained on other rows than data.train={data!r} now gives ({rows} rows, "
+                     f"corpus fingerprint {fingerprint}; its {name} records {theirs}): resuming would continue on other "
+                     f"rows. Train on the same data, or give a new tracking.run_name to start over")
+
+
+def _recorded_corpus(run_folder: str) -> tuple[str, str | None] | None:
+    """(the newest checkpoint's name, the corpus fingerprint its progress records), None without a checkpoint."""
+    folder = storage_path(run_folder)
+    if not folder.is_dir():
+        return None
+    for checkpoint in sorted(folder.glob("checkpoint_*"), key=lambda p: p.name, reverse=True):
+        progress = checkpoint / "progress.json"
+        if checkpoint.is_dir() and progress.exists():  # beside them: Ray Train's checkpoint_manager_snapshot.json
+            return checkpoint.name, json.loads(progress.read_text()).get("corpus")
+    return None
 
 
 class CheckpointWriteError(RuntimeError):

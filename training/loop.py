@@ -218,7 +218,8 @@ def _evaluate_and_report(run: _Run, step: int, last: dict[str, float], progress:
                "best_" + metric: progress.best, "total_steps": plan.total_steps}
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
-        state = {"step": step, "best": progress.best, "history": progress.history}
+        state = {"step": step, "best": progress.best, "history": progress.history,
+                 "corpus": run.cfg.corpus.fingerprint}  # a resubmission on other rows is refused (training.run)
         try:
             with strategy.full_parameters():
                 if rank == 0:

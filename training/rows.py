@@ -32,6 +32,7 @@ class CorpusBlocks:
     blocks: tuple[Any, ...]  # ray.ObjectRef[pyarrow.Table], in the order the row positions count them
     order: Any  # ray.ObjectRef[np.ndarray]: row i of the corpus is position order[i] of the blocks
     rows: int
+    fingerprint: str = ""  # the rows' content, whatever their order or files (checkpoints record it)
 
 
 def content_ordered(ds) -> CorpusBlocks:
@@ -45,8 +46,18 @@ def content_ordered(ds) -> CorpusBlocks:
     # tasks are not
     hashing = ray.remote(num_cpus=1, scheduling_strategy="DEFAULT")(row_keys)
     keys = ray.get([hashing.remote(block) for block in blocks])
-    order = np.argsort(np.concatenate(keys) if keys else np.zeros(0, np.uint64), kind="stable")
-    return CorpusBlocks(blocks=tuple(blocks), order=ray.put(order), rows=len(order))
+    keys = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+    order = np.argsort(keys, kind="stable")
+    return CorpusBlocks(blocks=tuple(blocks), order=ray.put(order), rows=len(order),
+                        fingerprint=content_fingerprint(keys[order]))
+
+
+def content_fingerprint(sorted_keys: np.ndarray) -> str:
+    """What a corpus holds, as a short hash of its rows' sorted content keys: the same rows give the same
+    fingerprint from any files, block split or order; one row more, less or changed gives another."""
+    import hashlib
+
+    return hashlib.sha1(np.ascontiguousarray(sorted_keys, dtype=np.uint64).tobytes()).hexdigest()[:16]
 
 
 def row_keys(table) -> np.ndarray:

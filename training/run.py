@@ -27,7 +27,7 @@ from storage.paths import StagedFolder, is_uri, join, staged_folder
 from tracking.metrics import RunTarget, metric_name, with_retries
 from tracking.model_card import model_card, write_model_card
 from tracking.model_registry import REGISTERED, log_and_register, run_for_name
-from training.checkpoints import storage_failure
+from training.checkpoints import refuse_other_corpus, storage_failure
 from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, DataKind
 from training.loop import MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
 from training.plan import elastic_chunk, plan_steps
@@ -160,6 +160,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
             print(f"[raoe] {cfg.stage}: {rows} {pre.kind.unit}, {plan.total_steps} steps "
                   f"({plan.steps_per_epoch} per epoch), run {run_name!r}" + (" (resumed)" if resumed else ""), flush=True)
             worker_config = _worker_config(cfg, pre, plan, corpus, extras, run_name, run_id, after_step)
+            refuse_other_corpus(worker_config.run_folder, corpus.fingerprint, rows, cfg.data.train or cfg.stage)
             result = _fit(cfg, worker_config, run_name, callbacks)
         with staged_folder(join(_output_dir(cfg), run_name)) as out:
             best_metrics, history, curve = _export_best(result, pre, cfg, out.local)

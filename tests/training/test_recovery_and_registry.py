@@ -54,6 +54,24 @@ def test_resubmitting_a_run_name_resumes_it_from_its_last_whole_checkpoint(resub
     assert again == pytest.approx(first, rel=ONE_STEP_APART_REL)
 
 
+def test_a_run_name_resubmitted_on_other_rows_is_refused_before_training(train_env, resubmitted):
+    """Its checkpoints record the corpus fingerprint; another data.max_rows is other rows: refused, naming the keys,
+    before any worker starts (no checkpoint or MLflow step is added)."""
+    from training.run import run_training
+
+    def latest_checkpoint():
+        return max((p for p in (train_env / "runs" / "resubmitted").glob("checkpoint_*") if p.is_dir()),
+                   key=lambda p: p.name)
+
+    latest = latest_checkpoint()
+    recorded = json.loads((latest / "progress.json").read_text())["corpus"]
+    assert len(recorded) == 16
+    with pytest.raises(ValueError, match=rf"data.train=.*48 rows.*records {recorded}.*tracking.run_name"):
+        run_training(tiny_config(train_env, "resubmitted", *STEPS, "trainer.num_workers=1", "data.max_rows=48"))
+    assert latest_checkpoint() == latest
+    assert _logged_steps(resubmitted["run_id"]) == [1, 2, 3, 3, 4, 4, 5]
+
+
 def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, tmp_path, s3, monkeypatch):
     """Stage 2 from the registered Stage 1 URI with everything it writes on object storage (the local S3 endpoint):
     the Ray Data tasks read its STS-B train file there and write the validated-corpus cache there, Ray Train

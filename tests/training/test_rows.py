@@ -25,9 +25,14 @@ def _corpus(rows, blocks):
 
 
 def test_the_row_order_is_a_function_of_content_not_of_reading_order(ray_here):
-    """A resubmitted job may get Ray Data's blocks in another order: each index must still name the same row."""
-    first = CorpusRows(_corpus(ROWS, 1))
-    again = CorpusRows(_corpus(list(reversed(ROWS)), 7))
+    """A resubmitted job may get Ray Data's blocks in another order: each index must still name the same row. The
+    corpus fingerprint checkpoints record is the same too, and changes with one row changed, dropped or added."""
+    first_blocks, again_blocks = _corpus(ROWS, 1), _corpus(list(reversed(ROWS)), 7)
+    assert first_blocks.fingerprint == again_blocks.fingerprint and len(first_blocks.fingerprint) == 16
+    changed = [*ROWS[:-1], {**ROWS[-1], "text": ROWS[-1]["text"] + "!"}]
+    others = {_corpus(rows, 3).fingerprint for rows in (changed, ROWS[:-1], ROWS + ROWS[:1])}
+    assert len(others) == 3 and first_blocks.fingerprint not in others
+    first, again = CorpusRows(first_blocks), CorpusRows(again_blocks)
     index = np.arange(len(ROWS))
     a, b = first.take(index), again.take(index)
     assert list(a) == list(b) == ["text", "negative"]  # the sort key never reaches a batch builder
