@@ -6,7 +6,11 @@ A cached corpus is keyed by everything that decides its rows: each file's path, 
 ``on_bad_record`` and this module's format version. It lives under ``<trainer.storage_path>/corpus_cache/<key>/``
 (the storage every node of a cluster reaches: a shared folder or an object-store URI) as attempt folders, each
 ``rows/`` (Parquet written from the cluster), ``quarantine.jsonl`` (the bad rows, if any) and ``report.json``,
-written last, which lists the Parquet files and their row counts and so commits the attempt."""
+written last, which lists the Parquet files and their row counts and so commits the attempt.
+
+Housekeeping after each use (``after_use``): an entry records when it was last used; attempts never committed (a
+killed writer) are removed once a day old; with ``data.cache_max_gb`` the least recently used entries are removed
+until the cache fits. None of it can fail a run."""
 
 from __future__ import annotations
 
@@ -14,22 +18,51 @@ import hashlib
 import json
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage.paths import file_identity, remove_tree, storage_path, writable_path
+from storage.paths import file_identity, files_under, remove_tree, storage_path, writable_path
 
-CACHE_VERSION = 2  # 2: entries are attempt folders whose report is written last and lists their Parquet files
+CACHE_VERSION = 3  # 2: attempt folders committed by their report; 3: keys hold content edges and the readers' code
 REPORT = "report.json"
+LAST_USED = "last_used.json"  # in an entry's folder: when a run last read or wrote it (least recently used goes first)
+STALE_AFTER_S = 24 * 3600  # an attempt without its report this old is a killed writer's, not one still writing
+EDGE_BYTES = 1 << 20  # local files: a hash of the first and last MB joins size and mtime in the key
 ENTRY_KEYS = ("parquet", "committed_at")  # what the report adds to the corpus's own report fields
 
 
 def corpus_key(kind: str, files: list[Path], fmt: str, **options) -> str:
-    """A stable key of what decides the validated rows (``options``: split, max_rows, shuffle_seed, on_bad_record)."""
-    stats = [file_identity(f) if f.is_file() else
-             (file_identity(f)[0], *sorted((p.name, *file_identity(p)[1:]) for p in f.iterdir())) for f in files]
-    identity = json.dumps({"version": CACHE_VERSION, "kind": kind, "format": fmt, "files": stats, **options},
-                          sort_keys=True, default=str)
+    """A stable key of what decides the validated rows (``options``: split, max_rows, shuffle_seed, on_bad_record):
+    each file's identity (local: path, size, mtime and a hash of its first and last MB, so a file rewritten within
+    the mtime's resolution or with its mtime restored is still seen; object storage: the ETag) and the code of the
+    readers that validated it."""
+    stats = [_identity(f) if f.is_file() else
+             (str(f), *sorted((p.name, *_identity(p)[1:]) for p in f.iterdir())) for f in files]
+    identity = json.dumps({"version": CACHE_VERSION, "readers": _readers_code(), "kind": kind, "format": fmt,
+                           "files": stats, **options}, sort_keys=True, default=str)
     return hashlib.sha256(identity.encode()).hexdigest()[:24]
+
+
+def _identity(path) -> tuple:
+    if not isinstance(path, Path):
+        return file_identity(path)  # the ETag is a hash of the content already
+    digest = hashlib.sha1()
+    with path.open("rb") as f:
+        digest.update(f.read(EDGE_BYTES))
+        size = f.seek(0, 2)
+        f.seek(max(EDGE_BYTES, size - EDGE_BYTES))
+        digest.update(f.read(EDGE_BYTES))
+    return (*file_identity(path), digest.hexdigest()[:16])
+
+
+def _readers_code() -> str:
+    """A hash of the modules that parse and validate a corpus: a change to them is a new key, not a stale entry."""
+    from data_pipelines import formats, readers, records
+
+    digest = hashlib.sha1()
+    for module in (formats, readers, records):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def read_cached(folder, quarantine_path) -> tuple | None:
@@ -73,6 +106,70 @@ def write_cached(folder, ds, report: dict) -> bool:
               f"the run goes on without it", flush=True)
         remove_tree(attempt)
         return False
+
+
+def after_use(entry, max_gb: float | None) -> None:
+    """Record that ``entry`` was just used, remove the cache's killed attempts a day old, and, with ``max_gb``, the
+    least recently used entries (never this one) until the cache fits. A failure is a warning."""
+    entry = storage_path(entry)
+    try:
+        (entry / LAST_USED).write_text(json.dumps({"at": time.time()}))
+        removed = tidy(entry.parent, max_gb, keep=entry.name)
+        if removed:
+            print(f"[raoe] corpus cache {entry.parent}: removed {', '.join(removed)}", flush=True)
+    except Exception as exc:  # noqa: BLE001 - housekeeping must not fail a run whose data is fine
+        print(f"[raoe] warning: corpus cache housekeeping in {entry.parent} failed ({type(exc).__name__}: {exc})",
+              flush=True)
+
+
+@dataclass
+class _Entry:
+    """What one listing of the cache says of an entry."""
+
+    bytes: int = 0
+    newest: float = 0.0  # its newest file's modification time
+    used: float | None = None  # when LAST_USED was written
+    attempts: dict[str, list[tuple[str, int, float]]] = field(default_factory=dict)  # name -> (file, size, mtime)
+
+    @property
+    def last_use(self) -> float:
+        return self.used if self.used is not None else self.newest
+
+
+def tidy(root, max_gb: float | None, keep: str | None = None, now: float | None = None) -> list[str]:
+    """Remove attempts never committed and older than STALE_AFTER_S, then (``max_gb``) whole entries by least
+    recent use until the rest fit; returns what was removed. One listing of the cache gives sizes and ages."""
+    root, now = storage_path(root), time.time() if now is None else now
+    entries: dict[str, _Entry] = {}
+    for name, size, mtime in files_under(root):
+        key, _, inside = name.partition("/")
+        if not inside:
+            continue  # a file at the cache's top is no entry
+        entry = entries.setdefault(key, _Entry())
+        entry.bytes += size
+        entry.newest = max(entry.newest, mtime)
+        if inside == LAST_USED:
+            entry.used = mtime
+        else:
+            attempt, _, file = inside.partition("/")
+            entry.attempts.setdefault(attempt, []).append((file, size, mtime))
+    removed = []
+    for key, entry in entries.items():
+        for attempt, files in entry.attempts.items():
+            age = now - max(mtime for _, _, mtime in files)
+            if age > STALE_AFTER_S and all(file != REPORT for file, _, _ in files):
+                remove_tree(root / key / attempt)
+                entry.bytes -= sum(size for _, size, _ in files)
+                removed.append(f"{key}/{attempt} (never committed, {age / 3600:.0f} h old)")
+    total = sum(entry.bytes for entry in entries.values())
+    for key, entry in sorted(entries.items(), key=lambda kv: kv[1].last_use):
+        if max_gb is None or total <= max_gb * 1e9:
+            break
+        if key != keep:
+            remove_tree(root / key)
+            total -= entry.bytes
+            removed.append(f"{key} ({entry.bytes / 1e9:.3f} GB, least recently used; data.cache_max_gb={max_gb})")
+    return removed
 
 
 def _committed(entry) -> list[tuple]:

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from data_pipelines.corpus_cache import corpus_key, read_cached, write_cached
+from data_pipelines.corpus_cache import after_use, corpus_key, read_cached, write_cached
 from data_pipelines.formats import FIELDS, PARSERS, SPLITTABLE, Span, detect_format, file_spans, parse
 from data_pipelines.hub import hub_rows, is_hub_source
 from storage.paths import storage_path, writable_path
@@ -103,9 +103,11 @@ def load_corpus(
     on_bad_record: Literal["fail", "quarantine"] = "fail",
     quarantine_path: str | Path | None = None,
     cache_dir: str | Path | None = None,
+    cache_max_gb: float | None = None,
 ):
     """(validated Ray Dataset of the kind's fields, DataReport). Raises BadDataError in ``fail`` mode. With
-    ``cache_dir``, a corpus validated before from unchanged files is read back from Parquet (corpus_cache)."""
+    ``cache_dir``, a corpus validated before from unchanged files is read back from Parquet (corpus_cache), and the
+    cache is kept under ``cache_max_gb``."""
     cached_folder = listed = None
     if cache_dir is not None and not is_hub_source(path):
         listed = files, resolved = corpus_files(path, kind, fmt)
@@ -113,12 +115,14 @@ def load_corpus(
                                                      shuffle_seed=shuffle_seed, on_bad_record=on_bad_record)
         cached = read_cached(cached_folder, quarantine_path)
         if cached is not None:
+            after_use(cached_folder, cache_max_gb)
             print(f"[raoe] validated corpus from the cache {cached_folder} (files unchanged)", flush=True)
             return cached[0], DataReport(**{**cached[1], "cache": "read"})
     good, report = _validated(kind, path, fmt, split, max_rows, shuffle_seed, on_bad_record, quarantine_path, listed)
     if cached_folder is not None and report.rows_written and write_cached(cached_folder, good,
                                                                           {**report.as_dict(), "cache": None}):
         report.cache = "written"
+        after_use(cached_folder, cache_max_gb)
     return good, report
 
 

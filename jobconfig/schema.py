@@ -151,6 +151,9 @@ class DataConfig(Section):
     cache: bool = Field(True, description="keep the validated corpus as Parquet under <trainer.storage_path>/"
                         "corpus_cache and reuse it while the files are unchanged (path, size, modification time or ETag): a "
                         "sweep trial or a resubmission skips parsing and validation")
+    cache_max_gb: float | None = Field(None, gt=0, description="keep the corpus cache under this many GB: after each "
+                                       "run the least recently used entries go first (null: no limit; attempts "
+                                       "a killed run left are removed after a day either way)")
     prefetch: bool | None = Field(None, description="take and tokenise the next micro-batch in a background thread "
                                   "while the current one trains; null: on with GPUs, off on CPU, where the thread "
                                   "takes cores from the step (benchmarks/results/input_prefetch.md); data_wait_s "

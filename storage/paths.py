@@ -75,6 +75,29 @@ def file_identity(path) -> tuple:
                                                       or path.stat().st_mtime_ns)
 
 
+def files_under(path) -> list[tuple[str, int, float]]:
+    """(relative name, size in bytes, modification time in epoch seconds) of every file under a folder or prefix, in
+    one listing on object storage; [] when there is nothing."""
+    if isinstance(path, Path):
+        if not path.is_dir():
+            return []
+        return [(p.relative_to(path).as_posix(), (st := p.stat()).st_size, st.st_mtime)
+                for p in path.rglob("*") if p.is_file()]
+    try:
+        found = path.fs.find(path.path, detail=True)
+    except FileNotFoundError:
+        return []
+    root = path.path.rstrip("/") + "/"
+    out = []
+    for name, info in found.items():
+        if info.get("type") == "directory":
+            continue
+        stamp = info.get("LastModified") or info.get("mtime") or info.get("updated") or 0
+        out.append((name.removeprefix(root), int(info.get("size") or 0),
+                    stamp.timestamp() if hasattr(stamp, "timestamp") else float(stamp)))
+    return out
+
+
 def remove_tree(path) -> None:
     """Delete a folder (or a prefix of objects) and everything under it; nothing happens if it is not there."""
     if isinstance(path, Path):

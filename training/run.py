@@ -227,7 +227,8 @@ def _training_data(cfg: TrainJobConfig, pre: Preflight, quarantine: Path):
         ds, report = load_corpus(kind.corpus, cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
                                  max_rows=None if kind.name == "triplets" else cfg.data.max_rows,
                                  shuffle_seed=cfg.data.shuffle_seed, on_bad_record=cfg.data.on_bad_record,
-                                 quarantine_path=quarantine, cache_dir=_corpus_cache(cfg))
+                                 quarantine_path=quarantine, cache_dir=_corpus_cache(cfg),
+                                 cache_max_gb=cfg.data.cache_max_gb)
     ds, rows = kind.prepare(ds, ds.count() if kind.load else report.rows_written, cfg, pre.start_model)
     if "scores" in pre.needed:
         missing = count_where(ds, _without_similarity)

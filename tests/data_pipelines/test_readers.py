@@ -131,6 +131,36 @@ def test_a_validated_corpus_is_read_back_from_the_cache_until_its_files_change(r
     assert changed_report.cache == "written" and "changed" in {r["text1"] for r in changed.take_all()}
 
 
+def test_the_cache_removes_killed_attempts_after_a_day_and_least_recently_used_entries_above_its_size(tmp_path):
+    import os
+    import time
+
+    from data_pipelines.corpus_cache import LAST_USED, tidy
+
+    now = time.time()
+
+    def put(name: str, size: int, age_s: float):
+        path = tmp_path / "cache" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * size)
+        os.utime(path, (now - age_s, now - age_s))
+
+    for entry, used_ago in (("a", 300), ("b", 100), ("c", 200)):
+        put(f"{entry}/1/rows/part.parquet", 100, used_ago)
+        put(f"{entry}/1/report.json", 0, used_ago)
+        put(f"{entry}/{LAST_USED}", 0, used_ago)
+    put("b/2/rows/part.parquet", 1000, 2 * 86400)  # a killed writer's, two days ago
+    put("c/3/rows/part.parquet", 1000, 3600)  # perhaps still writing
+    put("a/4/report.json", 0, 3 * 86400)  # committed long ago (a second committed attempt): kept
+    removed = tidy(tmp_path / "cache", max_gb=1250e-9, keep="a", now=now)
+    # c (1,200 bytes) is used less recently than b; a, used least recently of all, is the one in use
+    assert removed == ["b/2 (never committed, 48 h old)",
+                       "c (0.000 GB, least recently used; data.cache_max_gb=1.25e-06)"]
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["a", "b"]
+    assert (tmp_path / "cache" / "a" / "4").exists() and not (tmp_path / "cache" / "b" / "2").exists()
+    assert tidy(tmp_path / "cache", max_gb=None, now=now + 365 * 86400) == []  # no limit: committed entries stay
+
+
 def test_two_runs_caching_the_same_corpus_at_once_never_mix_their_files(ray_local, tmp_path):
     """Concurrent sweep trials validate the same files: each writes an attempt folder of its own, committed by its
     report written last, and a reader takes the first committed whole (a shared folder once held both: 256 rows of
