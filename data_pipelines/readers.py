@@ -140,24 +140,20 @@ def _validated(kind, path, fmt, split, max_rows, shuffle_seed, on_bad_record, qu
     raw = raw.materialize()  # parse once; both the good and the bad rows are read from here
     raw.context.execution_options.preserve_order = unordered
     report = DataReport(files=files, format=fmt)
-    counts = raw.map_batches(_count_records, batch_format="pyarrow").take_all()  # a row per batch: no shuffle
+    counts = raw.map_batches(_count_records, batch_format="pyarrow", batch_size=None).take_all()  # a row a block
     report.rows_without_gold = sum(int(c["skipped"]) for c in counts)
     report.rows_in = sum(int(c["records"]) for c in counts)
-    bad = _where(raw, _is_bad).take_all()
-    report.rows_quarantined = len(bad)
-    report.rows_written = report.rows_in - len(bad)
+    report.rows_quarantined = bad = sum(int(c["bad"]) for c in counts)
+    report.rows_written = report.rows_in - bad
     if bad and on_bad_record == "fail":
-        listed = "\n  ".join(f"{r['source']}:{r['line']}: {r['error']}" for r in bad[:MAX_LISTED])
-        more = f"\n  ... and {len(bad) - MAX_LISTED} more" if len(bad) > MAX_LISTED else ""
+        listed = "\n  ".join(f"{r['source']}:{r['line']}: {r['error']}" for r in _first_bad(raw))
+        more = f"\n  ... and {bad - MAX_LISTED} more" if bad > MAX_LISTED else ""
         raise BadDataError(
-            f"{len(bad)} bad record(s) in {kind} data (set data.on_bad_record=quarantine to set them aside):\n  "
+            f"{bad} bad record(s) in {kind} data (set data.on_bad_record=quarantine to set them aside):\n  "
             f"{listed}{more}"
         )
     if bad:
-        target = writable_path(quarantine_path or "quarantine.jsonl")
-        target.write_text("".join(json.dumps({"source": r["source"], "line": r["line"], "reason": r["error"],
-                                              "raw": r["raw"]}) + "\n" for r in bad), encoding="utf-8")
-        report.quarantine_path = str(target)
+        report.quarantine_path = _write_quarantine(raw, quarantine_path or "quarantine.jsonl")
     # Materialised into the object store: a consumer (a Ray Train worker group holding most CPUs, a Tune trial)
     # then streams blocks without needing a CPU for read/filter tasks, which could otherwise wait forever.
     good = _where(raw, _is_good).select_columns(list(FIELDS[kind])).materialize()
@@ -191,12 +187,42 @@ def count_where(ds, predicate) -> int:
 
 
 def _count_records(table):
-    """Per batch: rows that are not records (SNLI's '-' gold labels) and rows that are, good or bad."""
+    """Per batch: rows that are not records (SNLI's '-' gold labels), rows that are (good or bad), and bad rows."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     skipped = int(pc.sum(table["skipped"].cast(pa.int64())).as_py() or 0)
-    return pa.table({"skipped": [skipped], "records": [table.num_rows - skipped]})
+    bad = int(pc.sum(_is_bad(table).cast(pa.int64())).as_py() or 0)
+    return pa.table({"skipped": [skipped], "records": [table.num_rows - skipped], "bad": [bad]})
+
+
+def _first_bad(raw) -> list[dict]:
+    """The first MAX_LISTED bad rows in file order, for the error message: each task sends at most that many (their
+    messages cut to 300 characters), so the driver holds a bounded list however many rows are bad."""
+    rows = raw.map_batches(_first_bad_of_batch, batch_format="pyarrow", batch_size=None).take_all()
+    return sorted(rows, key=lambda r: (r["source"], r["line"]))[:MAX_LISTED]
+
+
+def _first_bad_of_batch(table):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    bad = table.filter(_is_bad(table)).select(["source", "line", "error"])
+    first = bad.sort_by([("source", "ascending"), ("line", "ascending")]).slice(0, MAX_LISTED)
+    return first.set_column(2, "error", pc.utf8_slice_codeunits(first["error"].cast(pa.string()), 0, 300))
+
+
+def _write_quarantine(raw, path) -> str:
+    """The bad rows as JSON lines {source, line, reason, raw}, streamed batch by batch from the tasks that hold them
+    into one file (local or on object storage): the driver holds one batch at a time, never all of them."""
+    target = writable_path(path)
+    with target.open("w", encoding="utf-8") as out:
+        for batch in _where(raw, _is_bad).select_columns(["source", "line", "error", "raw"]).iter_batches(
+                batch_format="pyarrow", batch_size=4096):
+            for r in batch.to_pylist():
+                out.write(json.dumps({"source": r["source"], "line": r["line"], "reason": r["error"],
+                                      "raw": r["raw"]}) + "\n")
+    return str(target)
 
 
 def load_configured(kind: str, data_cfg, quarantine_path: str | Path):

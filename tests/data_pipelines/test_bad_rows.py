@@ -110,3 +110,27 @@ def test_fail_names_file_and_line_and_quarantine_counts_add_up(ray_local, tmp_pa
     quarantined = [json.loads(x) for x in open(report.quarantine_path)]
     assert sorted(q["line"] for q in quarantined) == list(range(2, len(bad) + 2))
     assert all(q["reason"] and q["source"] == str(path) for q in quarantined)
+
+
+def test_a_file_of_many_bad_rows_fails_with_a_count_and_its_first_rows_in_file_order(ray_local, tmp_path,
+                                                                                     monkeypatch):
+    """Every task counts its bad rows and sends at most 20 of them (messages cut to 300 characters), so a wrong
+    field name in a huge file is a clean error, not the driver holding every row: 150 bad rows read by many tasks."""
+    from data_pipelines import readers
+
+    monkeypatch.setattr(readers, "SPAN_BYTES", 2000)  # about 10 lines a task
+    path = tmp_path / "pairs.jsonl"
+    rows = [{"text1": f"a premise {i}", "text2": f"a hypothesis {i}", "label": "entailment"} for i in range(50)]
+    rows += [{"text1": f"premise {i}", "text2": f"hypothesis {i}", "label": "x" * 1000} for i in range(150)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(BadDataError) as caught:
+        load_corpus("pairs", path)
+    message = str(caught.value)
+    named = [int(line.split(":")[1]) for line in message.splitlines() if line.startswith(f"  {path}:")]
+    assert "150 bad record(s)" in message and named == list(range(51, 71)) and "... and 130 more" in message
+    assert "unknown label" in message and max(map(len, message.splitlines())) < 300 + len(str(path)) + 20
+    ds, report = load_corpus("pairs", path, on_bad_record="quarantine", quarantine_path=tmp_path / "q.jsonl")
+    quarantined = [json.loads(x) for x in open(report.quarantine_path)]
+    assert report.rows_quarantined == len(quarantined) == 150 and ds.count() == 50
+    assert sorted(q["line"] for q in quarantined) == list(range(51, 201))
+    assert all(len(q["raw"]) > 1000 for q in quarantined)  # the quarantine keeps the whole row
