@@ -60,6 +60,30 @@ def file_spans(path: Path, target_bytes: int, chunk_bytes: int = 8 << 20) -> lis
     return spans
 
 
+def parquet_spans(path: Path, target_bytes: int) -> list[Span]:
+    """A Parquet file cut between row groups into spans of about ``target_bytes`` of uncompressed data: ``start`` and
+    ``end`` count row groups, ``first_line`` is the span's first row number (1-based), read from the footer alone."""
+    import pyarrow.parquet as pq
+
+    with path.open("rb") as f:
+        meta = pq.ParquetFile(f).metadata
+    spans, start, first_row, size, row = [], 0, 1, 0, 1
+    for group in range(meta.num_row_groups):
+        info = meta.row_group(group)
+        if group > start and size + info.total_byte_size > target_bytes:
+            spans.append(Span(start, group, first_row))
+            start, first_row, size = group, row, 0
+        size += info.total_byte_size
+        row += info.num_rows
+    spans.append(Span(start, meta.num_row_groups, first_row))
+    return spans
+
+
+def read_spans(fmt: str, path: Path, target_bytes: int) -> list[Span]:
+    """How a file of a SPLITTABLE format is cut into read tasks: row groups for Parquet, line ends for text."""
+    return parquet_spans(path, target_bytes) if fmt == "parquet" else file_spans(path, target_bytes)
+
+
 def _lines(path: Path, span: Span | None = None) -> Iterator[tuple[int, str | None, str | None]]:
     """(line number, text, decode error) for every non-blank line (of ``span``, else of the file); bad UTF-8 is
     reported, not skipped; a UTF-8 byte order mark and CRLF line ends are accepted."""
@@ -226,24 +250,34 @@ def _ranked_list(record: dict) -> Row:
     return {"sentences": sentences}
 
 
-def _parquet(path: Path, convert: Callable[[dict], Row]) -> Iterator[Row]:
+def _parquet(path: Path, convert: Callable[[dict], Row], span: Span | None = None) -> Iterator[Row]:
+    """The rows of a Parquet file (of ``span``'s row groups), a batch at a time: never the whole file as dicts."""
     import pyarrow.parquet as pq
 
     with path.open("rb") as f:
-        records = pq.read_table(f).to_pylist()
-    for number, record in enumerate(records, start=1):
-        yield _guard(lambda r=record: convert(r), str(path), number, json.dumps(record, default=str))
+        file = pq.ParquetFile(f)
+        groups = range(file.num_row_groups) if span is None else range(span.start, span.end)
+        number = 1 if span is None else span.first_line
+        for batch in file.iter_batches(batch_size=8192, row_groups=list(groups)):
+            for record in batch.to_pylist():
+                yield _guard(lambda r=record: convert(r), str(path), number, json.dumps(record, default=str))
+                number += 1
 
 
-# Formats whose every line is a record of its own: a large file is read as many spans (file_spans) in parallel.
+# Formats whose every line (or Parquet row) is a record of its own: a large file is read as many spans (read_spans)
+# in parallel.
 SPLITTABLE: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
     "pairs": {"pairs_jsonl": lambda p, span: _records(p, pair_record, span),
-              "snli_jsonl": lambda p, span: _records(p, _snli, span)},
+              "snli_jsonl": lambda p, span: _records(p, _snli, span),
+              "parquet": lambda p, span: _parquet(p, pair_record, span)},
     "sts": {"stsb_csv": _stsb_csv, "senteval_sts": _senteval_sts},
-    "sentences": {"txt": _sentences_txt, "jsonl": lambda p, span: _records(p, sentence_record, span)},
+    "sentences": {"txt": _sentences_txt, "jsonl": lambda p, span: _records(p, sentence_record, span),
+                  "parquet": lambda p, span: _parquet(p, sentence_record, span)},
     "lists": {"jsonl": lambda p, span: _records(p, _ranked_list, span)},
-    "triples": {"jsonl": lambda p, span: _records(p, triple_record, span)},
-    "triplets": {"triplets_jsonl": lambda p, span: _records(p, triplet_record, span)},
+    "triples": {"jsonl": lambda p, span: _records(p, triple_record, span),
+                "parquet": lambda p, span: _parquet(p, triple_record, span)},
+    "triplets": {"triplets_jsonl": lambda p, span: _records(p, triplet_record, span),
+                 "parquet": lambda p, span: _parquet(p, triplet_record, span)},
 }
 
 PARSERS: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
@@ -331,5 +365,5 @@ def parse(kind: str, fmt: str, path: Path, split: str | None = None, span: Span 
         yield {**empty, "skipped": False, **row}
 
 
-__all__ = ["CORPUS_KINDS", "PARSERS", "SPLITTABLE", "Span", "file_spans", "NO_LABEL", "detect_format",
-           "normalise_label", "parse"]
+__all__ = ["CORPUS_KINDS", "PARSERS", "SPLITTABLE", "Span", "file_spans", "parquet_spans", "read_spans", "NO_LABEL",
+           "detect_format", "normalise_label", "parse"]

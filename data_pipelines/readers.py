@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from data_pipelines.corpus_cache import after_use, corpus_key, read_cached, write_cached
-from data_pipelines.formats import FIELDS, PARSERS, SPLITTABLE, Span, detect_format, file_spans, parse
+from data_pipelines.formats import FIELDS, PARSERS, SPLITTABLE, Span, detect_format, parse, read_spans
 from data_pipelines.hub import hub_rows, is_hub_source
 from storage.paths import storage_path, writable_path
 
@@ -80,8 +80,8 @@ def read_raw(kind: str, path: str | Path, fmt: str = "auto", split: str | None =
     files, fmt = listed or corpus_files(path, kind, fmt)
     if fmt in SPLITTABLE[kind]:  # one read task per span of about SPAN_BYTES, a large file read in parallel
         items = [{"path": str(f), "start": s.start, "end": s.end, "first_line": s.first_line}
-                 for f in files for s in file_spans(f, SPAN_BYTES)]
-    else:  # formats read whole (a header, a folder layout, Parquet row groups): one task per file
+                 for f in files for s in read_spans(fmt, f, SPAN_BYTES)]
+    else:  # formats read whole (a header, a folder layout): one task per file
         items = [{"path": str(f), "start": None, "end": None, "first_line": None} for f in files]
 
     def parse_item(item: dict[str, Any]) -> list[dict[str, Any]]:

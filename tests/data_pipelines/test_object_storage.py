@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import data_pipelines.formats as formats
 import data_pipelines.readers as readers
 from data_pipelines.readers import BadDataError, load_corpus
 from storage.paths import is_uri, storage_path
@@ -53,7 +54,7 @@ def test_every_layout_on_s3_reads_the_rows_of_the_same_files_on_disk(s3, tmp_pat
         on_s3, report = _rows(kind, uri)
         assert on_s3 == on_disk and len(on_s3) == local_report.rows_written > 0, name
         assert report.format == local_report.format and all(f.startswith(uri) for f in report.files), name
-    assert len(readers.file_spans(storage_path(s3.uri("corpora/spans.jsonl")), 1024)) > 2
+    assert len(formats.file_spans(storage_path(s3.uri("corpora/spans.jsonl")), 1024)) > 2
 
 
 def test_a_bad_record_on_s3_is_named_by_its_uri_and_line(s3, tmp_path):

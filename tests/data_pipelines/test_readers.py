@@ -90,6 +90,31 @@ def test_two_streaming_shards_are_disjoint_and_cover_the_data(ray_local, tmp_pat
     assert sorted(seen[0] + seen[1]) == sorted(f"s{i}" for i in range(40))
 
 
+def test_a_large_parquet_file_is_read_by_row_groups_in_many_tasks(ray_local, tmp_path, monkeypatch):
+    """A Parquet file is cut between its row groups (never one task holding a multi-GB file as Python dicts): the
+    rows and the bad rows' numbers are those of a whole-file read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import data_pipelines.readers as readers
+    from data_pipelines.formats import parquet_spans
+
+    rows = [{"text1": f"premise {i}", "text2": f"hypothesis {i}", "label": "bad" if i in (7, 33) else "neutral"}
+            for i in range(60)]
+    path = tmp_path / "pairs.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=8)
+    whole, whole_report = load_corpus("pairs", path, on_bad_record="quarantine", quarantine_path=tmp_path / "a.jsonl")
+    spans = parquet_spans(path, 1)  # every row group a span of its own
+    assert [(s.start, s.end, s.first_line) for s in spans] == [(g, g + 1, 8 * g + 1) for g in range(8)]
+    monkeypatch.setattr(readers, "SPAN_BYTES", 1)
+    raw, _, _ = readers.read_raw("pairs", path)
+    assert raw.materialize().num_blocks() == 8
+    split, split_report = load_corpus("pairs", path, on_bad_record="quarantine", quarantine_path=tmp_path / "b.jsonl")
+    assert sorted(map(json.dumps, split.take_all())) == sorted(map(json.dumps, whole.take_all()))
+    lines = [sorted(json.loads(x)["line"] for x in open(r.quarantine_path)) for r in (whole_report, split_report)]
+    assert lines[0] == lines[1] == [8, 34] and split_report.rows_written == 58
+
+
 def test_real_snli_dev_reads_through_ray(ray_local, dev_data):
     ds, report = load_corpus("pairs", dev_data / "snli", split="dev")
     assert report.format == "senteval_nli" and report.rows_in == 9842 == ds.count()
