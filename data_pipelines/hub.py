@@ -128,7 +128,6 @@ def hub_rows(kind: str, source: str, split: str | None):
     scale = sts_scale(data, columns["score"]) if kind == "sts" else 1.0
     names = label_names(data, columns["label"]) if kind == "pairs" else None
     data = data.select_columns(list(columns.values()))  # MNLI also carries parse trees: leave them behind
-    data = data.add_column(LINE, list(range(1, len(data) + 1)))
     where = f"{source}[{split or 'train'}]"
     empty = dict.fromkeys(FIELDS[kind])
 
@@ -146,6 +145,16 @@ def hub_rows(kind: str, source: str, split: str | None):
         return {**base, **fields}
 
     # Arrow blocks straight from the memory-mapped table, enough of them that the conversion runs in parallel
-    # (ray.data.from_huggingface re-resolves the dataset by name and falls back to a single block).
-    blocks = max(1, min(200, len(data) // 5000))
-    return ray.data.from_arrow(data.with_format("arrow")[:], override_num_blocks=blocks).map(convert)
+    # (ray.data.from_huggingface re-resolves the dataset by name and falls back to a single block); each slice gets
+    # its row numbers as an Arrow column of its own (no Python list of every row number on the driver).
+    table = data.with_format("arrow")[:]
+    size = -(-len(table) // max(1, min(200, len(table) // 5000))) or 1
+    blocks = [_numbered(table.slice(start, size), start) for start in range(0, len(table), size)]
+    return ray.data.from_arrow(blocks or [_numbered(table, 0)]).map(convert)
+
+
+def _numbered(table, start: int):
+    import numpy as np
+    import pyarrow as pa
+
+    return table.append_column(LINE, pa.array(np.arange(start + 1, start + table.num_rows + 1, dtype=np.int64)))

@@ -51,6 +51,10 @@ def test_bad_hub_rows_are_named_by_split_and_row(ray_local, tmp_path):
     folder = write_jsonl(tmp_path / "bad", "train.jsonl", rows)
     with pytest.raises(BadDataError, match=r"\[train\]:2: field 'text1' is empty"):
         load_corpus("pairs", f"hf:{folder}", split="train")
+    many = [{"premise": "" if i in (2, 10999) else f"p{i}", "hypothesis": "h", "label": 0} for i in range(12000)]
+    folder = write_jsonl(tmp_path / "many", "train.jsonl", many)  # read as two blocks, numbered block by block
+    with pytest.raises(BadDataError, match=r"2 bad record\(s\)(.|\n)*\[train\]:3: (.|\n)*\[train\]:11000: "):
+        load_corpus("pairs", f"hf:{folder}", split="train")
 
 
 def test_a_missing_dataset_names_the_source(ray_local, tmp_path):
