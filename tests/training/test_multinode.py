@@ -52,3 +52,27 @@ def test_uris_and_declared_shared_paths_pass_and_a_local_one_is_named(two_nodes,
     with pytest.raises(ValueError, match=r"^output_path=/data/out: a local path on a cluster of 2 nodes"):
         with ray_session(outputs={"output_path": "/data/out", "storage_path": "gs://bucket/x"}):
             pass
+
+
+def test_a_training_job_with_every_path_on_object_storage_trains_across_both_nodes(two_nodes, train_env, s3):
+    """The same job with its corpus, cache, checkpoints and export on object storage (the local S3 endpoint) runs
+    on the two nodes: each node has one CPU and each worker takes one, so the two workers run on different nodes,
+    each mapping corpus blocks the other node's tasks validated, and the Ray Data tasks of both write the cache."""
+    import math
+
+    from storage.paths import storage_path
+    from tests.training.conftest import TINY_NLI, tiny_config
+    from training.run import run_training
+
+    corpus = s3.upload(TINY_NLI, "nli/train.jsonl")
+    result = run_training(tiny_config(
+        train_env, "two-nodes-s3", f"data.train={corpus}", "data.cache=true", f"trainer.storage_path={s3.uri('runs')}",
+        f"output_dir={s3.uri('models')}", "trainer.num_workers=2", "trainer.cpus_per_worker=1",
+        "trainer.global_batch_size=16", "trainer.max_steps=2", "trainer.eval_every=2"))
+    assert result["metrics"]["steps"] == 2 and math.isfinite(result["metrics"]["train_loss"])
+    assert (result["rows_written"], result["corpus_cache"]) == (128, "written")
+    assert result["checkpoint_path"] == s3.uri("runs/two-nodes-s3") and result["model_path"] == s3.uri(
+        "models/two-nodes-s3/model")
+    assert storage_path(result["model_path"]).joinpath("model.safetensors").exists()
+    cached = [p for p in storage_path(s3.uri("runs/corpus_cache")).rglob("*.parquet")]
+    assert cached and all(p.stat().st_size > 0 for p in cached)
