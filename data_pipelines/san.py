@@ -20,7 +20,9 @@ import difflib
 import functools
 import hashlib
 import json
+import os
 import time
+import uuid
 from pathlib import Path
 from typing import Literal
 
@@ -119,7 +121,9 @@ class Tagger:
         lexicon = dict(zip(words, self._tag_alone(words)))
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(".tmp")
+            # a name of its own per writer: actors tagging the same vocabulary at once on a cold cache each write
+            # their own file and rename it whole (a shared ".tmp" could be renamed half-written by another)
+            tmp = cache.with_name(f"{cache.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
             tmp.write_text(json.dumps(lexicon))
             tmp.replace(cache)
         return lexicon

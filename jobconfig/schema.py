@@ -300,8 +300,10 @@ class PosttrainSection(Section):
                                 "targets (path, pypi:, models:/...; loaded as sentence-transformers loads it); null = "
                                 "the start model, frozen, encoding as training does (model.pooling, prompt, "
                                 "padding_side, max_length)")
-    teacher_cpus: float = Field(0.5, gt=0, description="CPUs of the teacher-scoring actor before training")
-    teacher_gpus: float = Field(0.0, ge=0, description="GPUs of the teacher-scoring actor (> 0: the teacher on it)")
+    teacher_cpus: float = Field(0.5, gt=0, description="CPUs of each teacher-scoring actor before training")
+    teacher_gpus: float = Field(0.0, ge=0, description="GPUs of each teacher-scoring actor (> 0: the teacher on it)")
+    teacher_actors: int = Field(1, ge=1, description="teacher-scoring actors that score the lists before training, "
+                                "in parallel (a large list corpus on a cluster: one per GPU or node)")
     teacher_trust_remote_code: bool | None = Field(None, description="trust_remote_code for the "
                                                    "teacher; null = as model.trust_remote_code")
 

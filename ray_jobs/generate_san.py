@@ -59,8 +59,10 @@ def main(cfg: GenerateSanJobConfig) -> dict:
               f"sentences on {cfg.san.actors} actor(s) ...", flush=True)
         # Straight from the materialised corpus into the actor pool: no task in between that would need a CPU the
         # actors hold (Ray Data would wait forever, e.g. 2 actors x 0.9 CPU on 2 cores).
-        # Blocks of about batch_rows sentences, so every actor gets work; materialised before the pool starts.
-        ds = ds.repartition(max(cfg.san.actors, -(-report.rows_written // cfg.batch_rows))).materialize()
+        # About 8 blocks an actor (every actor gets work, and the pool balances) of at most SAN_BLOCK_ROWS sentences
+        # (never one block per batch: 390k of them at 100M rows); the actors take batch_rows at a time from each.
+        # Materialised before the pool starts.
+        ds = ds.repartition(san_blocks(report.rows_written, cfg.san.actors, cfg.batch_rows)).materialize()
         generated = generate_negatives(ds, cfg.san, cfg.batch_rows).materialize()  # in the object store, once
         # The corpus is written from the cluster, shard by shard; the driver gets counts and a few examples only.
         corpus = generated.map_batches(corpus_table, batch_format="pandas", num_cpus=0.1)
@@ -98,6 +100,16 @@ def main(cfg: GenerateSanJobConfig) -> dict:
         "sentences_per_second": report.rows_written / seconds, "seconds": seconds, "plot": staged.final(picture),
         "examples": examples[:5], "run_id": run.info.run_id,
     }
+
+
+SAN_BLOCK_ROWS = 50_000
+
+
+def san_blocks(rows: int, actors: int, batch_rows: int) -> int:
+    """How many blocks the corpus goes to the SAN actors in: about 8 an actor, each of batch_rows to SAN_BLOCK_ROWS
+    sentences."""
+    per_block = min(max(-(-rows // (8 * actors)), batch_rows), SAN_BLOCK_ROWS)
+    return max(actors, -(-rows // per_block))
 
 
 def write_corpus(corpus, folder, output_format: str) -> None:

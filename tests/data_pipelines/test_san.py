@@ -215,3 +215,13 @@ def test_guarded_rows_read_back_as_sentences_without_a_negative(ray_local, tmp_p
     rows = {r["text"]: r["negative"] for r in ds.take_all()}
     assert rows == {"A man sits on a bench.": None, "Too short.": None,
                     "A dog runs in the park.": "A cat sleeps in the house."}
+
+
+def test_the_corpus_reaches_the_actors_in_a_few_blocks_each_bounded_in_rows():
+    """About 8 blocks an actor, each of batch_rows to 50,000 sentences: 100M rows are 2,000 blocks, not 390k of
+    256 rows (one Ray object and task each)."""
+    job = _generate_san_job()
+    assert job.san_blocks(32, 2, 256) == 2  # a tiny corpus: a block per actor
+    assert job.san_blocks(20_000, 2, 256) == 16
+    assert job.san_blocks(100_000_000, 2, 256) == 2_000 == job.san_blocks(100_000_000, 64, 256)
+    assert job.san_blocks(5_000_000, 64, 256) == 512  # 8 an actor, 9,766 rows each

@@ -67,11 +67,13 @@ def alternating_lists(train_env, tmp_path_factory):
 def test_posttraining_is_the_same_on_one_and_two_workers(train_env, alternating_lists, strategy):
     """With 2 lists a step on 2 workers, one worker holds 2 texts (one forward pass), the other 6 (two length
     buckets on its own). Each forward pass is a collective (DDP buffers, ZeRO-3 weights), so the workers must agree
-    on the pass count, else the run hangs in its next all-gather."""
+    on the pass count, else the run hangs in its next all-gather. The two-worker runs score their lists with two
+    teacher actors (posttrain.teacher_actors): the same targets, so the same losses."""
     from training.run import run_training
 
     data, one = alternating_lists
-    two = run_training(_config(train_env, f"lists-2-{strategy[-1]}", data, *SIZES, "trainer.num_workers=2", *strategy))
+    two = run_training(_config(train_env, f"lists-2-{strategy[-1]}", data, *SIZES, "trainer.num_workers=2", *strategy,
+                               "posttrain.teacher_actors=2"))
     assert one["registered_model"] == "raoe-lists" and two["plan"]["micro_batch"] == 1
     for key in ("train_loss", "grad_norm"):
         expected, got = metric_by_step(one["run_id"], key), metric_by_step(two["run_id"], key)

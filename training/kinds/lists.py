@@ -69,7 +69,7 @@ def lists_with_teacher(ds, cfg, start_model: str):
     import ray
 
     return ds.map_batches(ListTeacher, fn_constructor_kwargs=list_teacher_kwargs(cfg, start_model),
-                          batch_size=64, compute=ray.data.ActorPoolStrategy(size=1),
+                          batch_size=64, compute=ray.data.ActorPoolStrategy(size=cfg.posttrain.teacher_actors),
                           **pool_resources(cfg.posttrain.teacher_cpus, cfg.posttrain.teacher_gpus),
                           batch_format="numpy")
 
