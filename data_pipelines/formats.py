@@ -173,16 +173,23 @@ def _csv_rows(path: Path, span: Span | None = None) -> Iterator[tuple[int, list[
             yield number, next(csv.reader([text])), text, None
 
 
-def _csv_pairs(path: Path) -> Iterator[Row]:
+def _csv_header(path: Path) -> tuple[int, list[str]]:
+    """(line number, fields) of the file's first readable line, its header; (0, []) when there is none."""
+    for number, fields, _, error in _csv_rows(path):
+        if not error:
+            return number, fields
+    return 0, []
+
+
+def _csv_pairs(path: Path, span: Span | None = None) -> Iterator[Row]:
     """CSV with a header naming text1/sentence1, text2/sentence2, label/gold_label, similarity (other columns
-    are ignored)."""
-    header = None
-    for number, fields, raw, error in _csv_rows(path):
+    are ignored). A span of a large file reads the header from the file's head, then its own lines."""
+    header_line, header = _csv_header(path)
+    for number, fields, raw, error in _csv_rows(path, span):
         if error:
             yield _bad(path, number, error, raw)
             continue
-        if header is None:
-            header = fields
+        if number == header_line:
             continue
         row = dict(zip(header, fields))
         record = {"text1": row.get("text1", row.get("sentence1")), "text2": row.get("text2", row.get("sentence2")),
@@ -269,6 +276,7 @@ def _parquet(path: Path, convert: Callable[[dict], Row], span: Span | None = Non
 SPLITTABLE: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
     "pairs": {"pairs_jsonl": lambda p, span: _records(p, pair_record, span),
               "snli_jsonl": lambda p, span: _records(p, _snli, span),
+              "csv": _csv_pairs,
               "parquet": lambda p, span: _parquet(p, pair_record, span)},
     "sts": {"stsb_csv": _stsb_csv, "senteval_sts": _senteval_sts},
     "sentences": {"txt": _sentences_txt, "jsonl": lambda p, span: _records(p, sentence_record, span),

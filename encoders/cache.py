@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,8 +23,9 @@ def cache_root() -> Path:
 @contextmanager
 def building(target: Path):
     """Build into a private folder and move it into place at the end, so concurrent workers never see
-    a half-written model; yields the folder to write into (a finished ``target`` wins)."""
-    staging = target.parent / f".{target.name}.{os.getpid()}.tmp"
+    a half-written model; yields the folder to write into (a finished ``target`` wins). The staging name is unique
+    to this builder: on storage shared by several nodes two builders may have the same process id."""
+    staging = target.parent / f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     yield staging

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import uuid
 from dataclasses import dataclass
 from functools import cached_property
@@ -121,10 +122,15 @@ def corpus_index(corpus, model_path: str, corpus_key: str, *, pool: EncoderPool,
     """The index of ``corpus`` (a Ray Dataset of ``id``, ``text``) under ``model_path``: read from the cache, or
     built by the actor pool and cached."""
     target = Path(root or cache_root() / "corpus-embeddings") / index_key(model_path, corpus_key, keep_text)
-    if (target / "meta.json").exists():
-        print(f"corpus embeddings from the cache: {target}", flush=True)
-        return CorpusIndex(target)
+    if target.exists():
+        problem = index_problem(target)
+        if problem is None:
+            print(f"corpus embeddings from the cache: {target}", flush=True)
+            return CorpusIndex(target)
+        print(f"[raoe] cached corpus embeddings {target} ignored and built again: {problem}", flush=True)
+        shutil.rmtree(target, ignore_errors=True)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_builds(target.parent)
     with building(target) as staging:
         shards = _encode_into(corpus, model_path, staging, pool=pool, batch_size=batch_size, keep_text=keep_text)
         dims = {int(s["dim"]) for s in shards}
@@ -132,6 +138,42 @@ def corpus_index(corpus, model_path: str, corpus_key: str, *, pool: EncoderPool,
             "model_path": model_path, "corpus": corpus_key, "rows": int(sum(s["rows"] for s in shards)),
             "dim": dims.pop() if dims else 0, "shards": [s["shard"] for s in shards], "text": keep_text}))
     return CorpusIndex(target)
+
+
+STALE_BUILD_S = 24 * 3600  # a staging folder this old is a killed builder's
+
+
+def index_problem(folder: Path) -> str | None:
+    """What is wrong with a cached index (its meta.json, or shards missing or of other row counts than it says), or
+    None when it is whole: a folder that lost a file is built again, never searched with rows missing."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        rows = 0
+        for shard in meta["shards"]:
+            if not (folder / f"{shard}.arrow").is_file():
+                return f"shard {shard}.arrow is missing"
+            rows += np.load(folder / f"{shard}.npy", mmap_mode="r").shape[0]
+    except (OSError, ValueError, KeyError) as exc:
+        return f"it cannot be read ({type(exc).__name__}: {exc})"
+    if rows != int(meta["rows"]):
+        return f"its shards hold {rows} rows where meta.json counts {meta['rows']}"
+    return None
+
+
+def remove_stale_builds(root: Path, now: float | None = None) -> list[str]:
+    """Remove the staging folders (``.<key>.<builder>.tmp``) of builds killed more than STALE_BUILD_S ago."""
+    import time
+
+    now, removed = time.time() if now is None else now, []
+    for staging in root.glob(".*.tmp"):
+        try:
+            newest = max([p.stat().st_mtime for p in staging.rglob("*")] + [staging.stat().st_mtime])
+        except OSError:  # renamed into place or removed by its builder meanwhile
+            continue
+        if staging.is_dir() and now - newest > STALE_BUILD_S:
+            shutil.rmtree(staging, ignore_errors=True)
+            removed.append(staging.name)
+    return removed
 
 
 def _encode_into(corpus, model_path: str, folder: Path, *, pool: EncoderPool, batch_size: int,

@@ -139,6 +139,25 @@ class StagedFolder:
 
 
 @contextlib.contextmanager
+def local_copy(path: str | os.PathLike):
+    """A local folder holding what ``path`` holds, for a library that reads local files only (a model to load and
+    log): the folder itself when local, else a temporary download removed at the end of the block."""
+    place = storage_path(path)
+    if isinstance(place, Path):
+        yield place
+        return
+    with tempfile.TemporaryDirectory(prefix="raoe-copy-") as local:
+        names = [name for name, _, _ in files_under(place)]
+        if not names:
+            raise FileNotFoundError(f"nothing under {path}")
+        targets = [Path(local) / name for name in names]
+        for target in targets:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        place.fs.get([f"{place.path.rstrip('/')}/{name}" for name in names], [str(t) for t in targets])
+        yield Path(local)
+
+
+@contextlib.contextmanager
 def staged_folder(target: str | os.PathLike):
     """A StagedFolder for ``target``: the folder itself when local (created), else a temporary folder removed at
     the end of the block (call ``publish`` once its files are written)."""

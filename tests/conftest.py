@@ -112,16 +112,21 @@ def s3_server():
     server.stop()
 
 
-@pytest.fixture
-def s3(s3_server, request):
-    """A fresh bucket for this test on the local S3 endpoint."""
+def new_bucket(endpoint: str, label: str) -> S3Bucket:
+    """A fresh bucket on the tests' S3 endpoint, named after ``label`` (a test's or a fixture's name)."""
     import re
 
     import boto3
 
-    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") + f"-{_free_port()}"
-    boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=name)
+    name = re.sub(r"[^a-z0-9-]", "-", label.lower())[:50].strip("-") + f"-{_free_port()}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=name)
     return S3Bucket(name)
+
+
+@pytest.fixture
+def s3(s3_server, request):
+    """A fresh bucket for this test on the local S3 endpoint."""
+    return new_bucket(s3_server, request.node.name)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from encoders.model_uris import EXTRA_FILES
+from storage.paths import local_copy
 
 MODEL_ARTIFACT = "model"
 REGISTERED = {"stage1": "raoe-s1", "stage2": "raoe-s2", "unsupervised": "raoe-unsup", "posttrain": "raoe-lists",
@@ -38,7 +39,13 @@ def _pins() -> list[str]:
 
 def log_and_register(model_dir: str | Path, run_id: str, registered_model: str | None,
                      tags: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Log the exported model on ``run_id`` and register it; returns model_uri, registered_model, version."""
+    """Log the exported model (a local folder or one on object storage) on ``run_id`` and register it; returns
+    model_uri, registered_model, version."""
+    with local_copy(model_dir) as folder:
+        return _log_and_register(folder, run_id, registered_model, tags)
+
+
+def _log_and_register(model_dir: Path, run_id: str, registered_model: str | None, tags: dict[str, Any] | None):
     import mlflow
     from mlflow import MlflowClient
     from sentence_transformers import SentenceTransformer

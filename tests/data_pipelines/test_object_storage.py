@@ -105,3 +105,37 @@ def test_storage_paths_are_local_for_plain_paths_and_file_uris(tmp_path):
     assert storage_path("~/x") == Path.home() / "x" and type(storage_path("x")) is type(Path("x"))
     assert is_uri("s3://bucket/key") and is_uri("gs://b/k") and not is_uri("file:///tmp/x") and not is_uri("/tmp/x")
     assert str(storage_path("s3://bucket/folder") / "part.jsonl") == "s3://bucket/folder/part.jsonl"
+
+
+def test_a_model_kept_on_object_storage_is_logged_and_registered_from_there(s3, tmp_path, monkeypatch):
+    """A sweep registers its best trial from the trial's output_dir, which may be a URI: the model is copied down,
+    logged and registered, and the registered version embeds as the exported folder does."""
+    import mlflow
+    import numpy as np
+
+    from encoders.backbone import build_encoder, export_encoder, inference_embeddings, load_encoder
+    from encoders.model_uris import download_model
+    from encoders.sources import resolve_model_source
+    from runtime.tracking_store import ensure_experiment
+    from storage.paths import local_copy
+    from tracking.model_registry import log_and_register
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
+    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+    local = export_encoder(build_encoder(resolve_model_source("tiny:bert")), tmp_path / "model")
+    uri = s3.upload(local, "sweep/best/model")
+    with local_copy(uri) as copied:
+        assert sorted(p.relative_to(copied) for p in copied.rglob("*") if p.is_file()) == \
+            sorted(p.relative_to(local) for p in local.rglob("*") if p.is_file())
+    previous = mlflow.get_tracking_uri()
+    try:
+        experiment = ensure_experiment("registered-from-s3")
+        with mlflow.start_run(experiment_id=experiment) as run:
+            registered = log_and_register(uri, run.info.run_id, "raoe-from-s3")
+        assert registered["model_uri"] == "models:/raoe-from-s3/1"
+        texts = ["a man plays music.", "a dog runs in the park."]
+        np.testing.assert_allclose(inference_embeddings(load_encoder(download_model(registered["model_uri"])), texts),
+                                   inference_embeddings(load_encoder(str(local)), texts), atol=1e-6)
+    finally:
+        mlflow.set_tracking_uri(previous)

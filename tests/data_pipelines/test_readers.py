@@ -120,20 +120,32 @@ def test_real_snli_dev_reads_through_ray(ray_local, dev_data):
     assert report.format == "senteval_nli" and report.rows_in == 9842 == ds.count()
 
 
-def test_a_large_file_is_read_as_many_tasks_with_the_same_rows_and_bad_lines(ray_local, tmp_path, monkeypatch):
+def csv_corpus(tmp_path):
+    """corpus()'s rows as CSV with a header line: the same three bad rows, one line further down."""
+    rows = [f"s{i},t{i},{i % 3},{i / 40}" for i in range(40)]
+    rows[5], rows[17], rows[30] = ",x,0,", "a,b,unsure,", "only two,fields"
+    path = tmp_path / "pairs.csv"
+    path.write_text("text1,text2,label,similarity\n" + "\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "csv with a header"])
+def test_a_large_file_is_read_as_many_tasks_with_the_same_rows_and_bad_lines(ray_local, tmp_path, monkeypatch, layout):
     """One file becomes one read task per span (data_pipelines.readers.SPAN_BYTES), so a 100M-line corpus is not
-    one task: the validated rows and the named bad lines are those of a whole-file read."""
+    one task: the validated rows and the named bad lines are those of a whole-file read (a CSV's spans each read
+    the header from the file's head)."""
     import data_pipelines.readers as readers
 
-    path = corpus(tmp_path)
+    path = corpus(tmp_path) if layout == "jsonl" else csv_corpus(tmp_path)
     whole, whole_report = load_corpus("pairs", path, on_bad_record="quarantine", quarantine_path=tmp_path / "a.jsonl")
-    monkeypatch.setattr(readers, "SPAN_BYTES", 200)  # about 3 lines a task
+    monkeypatch.setattr(readers, "SPAN_BYTES", 200 if layout == "jsonl" else 60)  # about 3 lines a task
     raw, _, _ = readers.read_raw("pairs", path)
-    assert raw.materialize().num_blocks() >= 8  # one per span of ~3 lines: 40 lines, ~2.5 kB
+    assert raw.materialize().num_blocks() >= 8  # one per span of ~3 lines: 40 lines
     split, split_report = load_corpus("pairs", path, on_bad_record="quarantine", quarantine_path=tmp_path / "b.jsonl")
     assert sorted(map(json.dumps, split.take_all())) == sorted(map(json.dumps, whole.take_all()))
+    assert split_report.rows_written == whole_report.rows_written == 37
     lines = [sorted(json.loads(x)["line"] for x in open(r.quarantine_path)) for r in (whole_report, split_report)]
-    assert lines[0] == lines[1] == [6, 18, 31]
+    assert lines[0] == lines[1] == ([6, 18, 31] if layout == "jsonl" else [7, 19, 32])
 
 
 def test_a_validated_corpus_is_read_back_from_the_cache_until_its_files_change(ray_local, tmp_path):

@@ -252,3 +252,35 @@ def test_promotion_guards_must_name_suite_tasks():
     assert ok.guard_tasks == ["STSBenchmark", "snli-test"]
     with pytest.raises(ValidationError, match=r"guard_tasks: \['nq'\] not in the suite"):
         promote.PromoteJobConfig(guard_tasks=["nq"])
+
+
+def test_a_cached_index_that_lost_a_file_is_built_again_and_killed_builds_go_after_a_day(tmp_path):
+    """The corpus-index cache follows the corpus cache's rules: an index is used only when its shards are all there
+    with the rows meta.json counts; a killed builder's staging folder is removed once a day old."""
+    import os
+    import time
+
+    from evaluation.corpus_index import index_problem, remove_stale_builds, write_shard
+
+    folder = tmp_path / "index"
+    folder.mkdir()
+    shards = [write_shard({"id": np.array(["a", "b"]), "embedding": np.eye(2, dtype=np.float32)}, str(folder))
+              for _ in range(2)]
+    names = [s["shard"][0] for s in shards]
+    meta = {"rows": 4, "dim": 2, "shards": names, "text": False}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    assert index_problem(folder) is None
+    (folder / "meta.json").write_text(json.dumps({**meta, "rows": 5}))
+    assert index_problem(folder) == "its shards hold 4 rows where meta.json counts 5"
+    (folder / "meta.json").write_text(json.dumps(meta))
+    (folder / f"{names[1]}.arrow").unlink()
+    assert index_problem(folder) == f"shard {names[1]}.arrow is missing"
+    (folder / f"{names[0]}.npy").unlink()
+    assert index_problem(folder).startswith("it cannot be read (FileNotFoundError")
+    old, fresh = tmp_path / ".key.12-ab.tmp", tmp_path / ".key.13-cd.tmp"
+    for staging, age in ((old, 2 * 86400), (fresh, 3600)):
+        (staging / "part").mkdir(parents=True)
+        (staging / "part" / "x.npy").write_bytes(b"x")
+        for path in (staging / "part" / "x.npy", staging / "part", staging):
+            os.utime(path, (time.time() - age, time.time() - age))
+    assert remove_stale_builds(tmp_path) == [old.name] and fresh.exists() and not old.exists()

@@ -2,7 +2,8 @@
 The run ends on the configured step with the same weights and the same last loss as an uninterrupted run, with
 gradient accumulation, an epoch whose rows the global batch does not divide (120 rows, 32 per step), resume
 points inside an epoch, and dropout on (masks are drawn from seed, step and chunk), for DDP and
-DeepSpeed."""
+DeepSpeed. The killed run keeps its checkpoints on object storage (the local S3 endpoint): the restarted workers
+resume from there."""
 
 import json
 import threading
@@ -54,13 +55,17 @@ def _kill_a_worker_after(run_name: str, step: int, timeout: float = 600) -> dict
 
 # DDP in make test; the DeepSpeed variant (the same contract, 75 s more) with the fault matrix's long variants
 @pytest.fixture(scope="module", params=["ddp", pytest.param("zero-2", marks=pytest.mark.reliability)])
-def resumed(request, train_env):
+def resumed(request, train_env, s3_server):
+    from tests.conftest import new_bucket
     from training.run import run_training
 
     name, extra = request.param, STRATEGIES[request.param]
     reference = run_training(tiny_config(train_env, f"uninterrupted-{name}", *COMMON, *extra))
     killer = _kill_a_worker_after(f"killed-{name}", 5)
-    killed = run_training(tiny_config(train_env, f"killed-{name}", *COMMON, *extra, "trainer.max_failures=2"))
+    bucket = new_bucket(s3_server, f"exact-resume-{name}")
+    killed = run_training(tiny_config(train_env, f"killed-{name}", *COMMON, *extra, "trainer.max_failures=2",
+                                      f"trainer.storage_path={bucket.uri('runs')}"))
+    assert killed["checkpoint_path"] == bucket.uri(f"runs/killed-{name}")
     killer["thread"].join(timeout=5)
     return reference, killed, killer.get("pid")
 
