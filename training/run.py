@@ -23,7 +23,7 @@ from jobconfig.schema import TrainJobConfig, objective_params
 from objectives.composite import SPECS, CompositeObjective, fields_read
 from runtime.local_ray import ray_session, runs_local_ray, worker_env
 from runtime.tracking_store import ensure_experiment, tracking_uri
-from storage.paths import StagedFolder, is_uri, join, staged_folder
+from storage.paths import StagedFolder, join, staged_folder
 from tracking.metrics import RunTarget, metric_name, with_retries
 from tracking.model_card import model_card, write_model_card
 from tracking.model_registry import REGISTERED, log_and_register, run_for_name
@@ -177,7 +177,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
 
 
 def _output_dir(cfg: TrainJobConfig) -> str:
-    return cfg.output_dir if is_uri(cfg.output_dir) else str(Path(cfg.output_dir).resolve())
+    return _absolute(cfg.output_dir)
 
 
 def preflight(cfg: TrainJobConfig) -> Preflight:
@@ -265,8 +265,12 @@ def _run_folder_uri(cfg: TrainJobConfig, path: str) -> str:
 
 
 def _storage(cfg: TrainJobConfig) -> str:
-    storage = cfg.trainer.storage_path
-    return storage if "://" in storage else str(Path(storage).resolve())
+    return _absolute(cfg.trainer.storage_path)
+
+
+def _absolute(path: str) -> str:
+    """A URI as it is, a local path made absolute (file:// included: Ray Train and the storage layer take both)."""
+    return path if "://" in path else str(Path(path).resolve())
 
 
 def _worker_config(cfg: TrainJobConfig, pre: Preflight, plan, corpus: CorpusBlocks, extras: dict, run_name: str,
