@@ -134,6 +134,19 @@ def ray_local():
     shared_ray()
 
 
+SHARED_RAY_USERS = {"ray_local", "train_env"}  # fixtures of tests that run on the shared local Ray
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """The shared local Ray is up before any fixture of a test that runs on it, module fixtures that train included:
+    after a module that needed a Ray of its own (two nodes, a sweep's, a head), each run would otherwise start and
+    stop a Ray of its own (~8 s and a cold worker pool a run). Tests on their own cluster (``two_nodes``) are left
+    to it."""
+    if SHARED_RAY_USERS & set(item.fixturenames) and "two_nodes" not in item.fixturenames:
+        shared_ray()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _shared_ray_stops_at_the_end():
     yield
