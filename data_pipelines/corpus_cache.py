@@ -8,9 +8,9 @@ A cached corpus is keyed by everything that decides its rows: each file's path, 
 ``rows/`` (Parquet written from the cluster), ``quarantine.jsonl`` (the bad rows, if any) and ``report.json``,
 written last, which lists the Parquet files and their row counts and so commits the attempt.
 
-Housekeeping after each use (``after_use``): an entry records when it was last used; attempts never committed (a
-killed writer) are removed once a day old; with ``data.cache_max_gb`` the least recently used entries are removed
-until the cache fits. None of it can fail a run."""
+Housekeeping (``after_use``): an entry records when it was last used; after a write (the only time the cache grows),
+attempts never committed (a killed writer) are removed once a day old, and with ``data.cache_max_gb`` the least
+recently used entries until the cache fits. A read lists nothing beyond its own entry. None of it can fail a run."""
 
 from __future__ import annotations
 
@@ -21,12 +21,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage.paths import file_identity, files_under, remove_tree, storage_path, writable_path
+from storage.paths import ABANDONED_AFTER_S, file_identity, files_under, remove_tree, storage_path, writable_path
 
 CACHE_VERSION = 3  # 2: attempt folders committed by their report; 3: keys hold content edges and the readers' code
 REPORT = "report.json"
 LAST_USED = "last_used.json"  # in an entry's folder: when a run last read or wrote it (least recently used goes first)
-STALE_AFTER_S = 24 * 3600  # an attempt without its report this old is a killed writer's, not one still writing
 EDGE_BYTES = 1 << 20  # local files: a hash of the first and last MB joins size and mtime in the key
 ENTRY_KEYS = ("parquet", "committed_at")  # what the report adds to the corpus's own report fields
 
@@ -107,13 +106,15 @@ def write_cached(folder, ds, report: dict) -> bool:
         return False
 
 
-def after_use(entry, max_gb: float | None) -> None:
-    """Record that ``entry`` was just used, remove the cache's killed attempts a day old, and, with ``max_gb``, the
-    least recently used entries (never this one) until the cache fits. A failure is a warning."""
+def after_use(entry, max_gb: float | None, wrote: bool) -> None:
+    """Record that ``entry`` was just used; after a write, also remove the cache's killed attempts a day old and,
+    with ``max_gb``, the least recently used entries (never this one) until the cache fits (one listing of the whole
+    cache: on object storage that is a request per thousand files, so a read, which adds nothing, skips it). A
+    failure is a warning."""
     entry = storage_path(entry)
     try:
         (entry / LAST_USED).write_text(json.dumps({"at": time.time()}))
-        removed = tidy(entry.parent, max_gb, keep=entry.name)
+        removed = tidy(entry.parent, max_gb, keep=entry.name) if wrote else []
         if removed:
             print(f"[raoe] corpus cache {entry.parent}: removed {', '.join(removed)}", flush=True)
     except Exception as exc:  # noqa: BLE001 - housekeeping must not fail a run whose data is fine
@@ -136,7 +137,7 @@ class _Entry:
 
 
 def tidy(root, max_gb: float | None, keep: str | None = None, now: float | None = None) -> list[str]:
-    """Remove attempts never committed and older than STALE_AFTER_S, then (``max_gb``) whole entries by least
+    """Remove attempts never committed and older than ABANDONED_AFTER_S, then (``max_gb``) whole entries by least
     recent use until the rest fit; returns what was removed. One listing of the cache gives sizes and ages."""
     root, now = storage_path(root), time.time() if now is None else now
     entries: dict[str, _Entry] = {}
@@ -156,7 +157,7 @@ def tidy(root, max_gb: float | None, keep: str | None = None, now: float | None 
     for key, entry in entries.items():
         for attempt, files in entry.attempts.items():
             age = now - max(mtime for _, _, mtime in files)
-            if age > STALE_AFTER_S and all(file != REPORT for file, _, _ in files):
+            if age > ABANDONED_AFTER_S and all(file != REPORT for file, _, _ in files):
                 remove_tree(root / key / attempt)
                 entry.bytes -= sum(size for _, size, _ in files)
                 removed.append(f"{key}/{attempt} (never committed, {age / 3600:.0f} h old)")

@@ -107,7 +107,7 @@ def load_corpus(
 ):
     """(validated Ray Dataset of the kind's fields, DataReport). Raises BadDataError in ``fail`` mode. With
     ``cache_dir``, a corpus validated before from unchanged files is read back from Parquet (corpus_cache), and the
-    cache is kept under ``cache_max_gb``."""
+    cache is kept under ``cache_max_gb`` (checked when an entry is written)."""
     cached_folder = listed = None
     if cache_dir is not None and not is_hub_source(path):
         listed = files, resolved = corpus_files(path, kind, fmt)
@@ -115,14 +115,14 @@ def load_corpus(
                                                      shuffle_seed=shuffle_seed, on_bad_record=on_bad_record)
         cached = read_cached(cached_folder, quarantine_path)
         if cached is not None:
-            after_use(cached_folder, cache_max_gb)
+            after_use(cached_folder, cache_max_gb, wrote=False)
             print(f"[raoe] validated corpus from the cache {cached_folder} (files unchanged)", flush=True)
             return cached[0], DataReport(**{**cached[1], "cache": "read"})
     good, report = _validated(kind, path, fmt, split, max_rows, shuffle_seed, on_bad_record, quarantine_path, listed)
     if cached_folder is not None and report.rows_written and write_cached(cached_folder, good,
                                                                           {**report.as_dict(), "cache": None}):
         report.cache = "written"
-        after_use(cached_folder, cache_max_gb)
+        after_use(cached_folder, cache_max_gb, wrote=True)
     return good, report
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from encoders.cache import building, cache_root
 from encoders.devices import EncoderPool, pool_resources
-from storage.paths import storage_path
+from storage.paths import ABANDONED_AFTER_S, storage_path
 
 SHARD_ROWS = 16384  # rows per shard file: the chunk of one search step
 INDEX_FORMAT = 2  # in the cache key: 1 kept ids and texts in parquet, read whole
@@ -140,9 +140,6 @@ def corpus_index(corpus, model_path: str, corpus_key: str, *, pool: EncoderPool,
     return CorpusIndex(target)
 
 
-STALE_BUILD_S = 24 * 3600  # a staging folder this old is a killed builder's
-
-
 def index_problem(folder: Path) -> str | None:
     """What is wrong with a cached index (its meta.json, or shards missing or of other row counts than it says), or
     None when it is whole: a folder that lost a file is built again, never searched with rows missing."""
@@ -161,7 +158,7 @@ def index_problem(folder: Path) -> str | None:
 
 
 def remove_stale_builds(root: Path, now: float | None = None) -> list[str]:
-    """Remove the staging folders (``.<key>.<builder>.tmp``) of builds killed more than STALE_BUILD_S ago."""
+    """Remove the staging folders (``.<key>.<builder>.tmp``) of builds killed more than ABANDONED_AFTER_S ago."""
     import time
 
     now, removed = time.time() if now is None else now, []
@@ -170,7 +167,7 @@ def remove_stale_builds(root: Path, now: float | None = None) -> list[str]:
             newest = max([p.stat().st_mtime for p in staging.rglob("*")] + [staging.stat().st_mtime])
         except OSError:  # renamed into place or removed by its builder meanwhile
             continue
-        if staging.is_dir() and now - newest > STALE_BUILD_S:
+        if staging.is_dir() and now - newest > ABANDONED_AFTER_S:
             shutil.rmtree(staging, ignore_errors=True)
             removed.append(staging.name)
     return removed

@@ -25,6 +25,9 @@ from urllib.parse import unquote, urlparse
 # Where the object stores are (never a secret): handed from a job's driver to every Ray worker it starts.
 STORAGE_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE",
                "MLFLOW_S3_ENDPOINT_URL")
+# A cache's staging folder or uncommitted attempt untouched this long is a killed writer's, not one still writing: the
+# caches (corpus, corpus index) remove it then.
+ABANDONED_AFTER_S = 24 * 3600
 
 
 def is_uri(path: str | os.PathLike) -> bool:

@@ -72,8 +72,8 @@ def test_a_bad_record_on_s3_is_named_by_its_uri_and_line(s3, tmp_path):
 def test_the_corpus_cache_on_s3_reads_an_unchanged_object_back_and_revalidates_a_rewritten_one(s3, tmp_path):
     """The cache itself on object storage (as under an s3:// trainer.storage_path), its Parquet written by the
     tasks; the key holds the object's ETag (an MD5 of its content on S3): a rewritten object of the same size and
-    name is validated again, not served from the cache. With data.cache_max_gb the least recently used entry goes,
-    never the one in use; an attempt a killed run left is removed once a day old."""
+    name is validated again, not served from the cache. With data.cache_max_gb a write removes the least recently used
+    entries, never the one in use; an attempt a killed run left is removed once a day old."""
     from data_pipelines.corpus_cache import tidy
 
     local = tmp_path / "pairs.jsonl"
@@ -88,8 +88,12 @@ def test_the_corpus_cache_on_s3_reads_an_unchanged_object_back_and_revalidates_a
     changed, report = _rows("pairs", uri, cache_dir=cache)
     assert report.cache == "written" and changed != first and len(changed) == len(first)
     assert len({e.name for e in storage_path(cache).iterdir()} - {"corpus_cache"}) == 2  # an entry per content
-    again, report = _rows("pairs", uri, cache_dir=cache, cache_max_gb=1e-9)  # a byte: only the entry in use stays
-    assert report.cache == "read" and again == changed
+    local.write_text(_pairs(10).replace("premise", "PREMISE"))
+    s3.upload(local, "cached/pairs.jsonl")
+    _, report = _rows("pairs", uri, cache_dir=cache, cache_max_gb=1e-9)  # a byte: the write leaves only its own entry
+    assert report.cache == "written"
+    again, report = _rows("pairs", uri, cache_dir=cache, cache_max_gb=1e-9)  # a read evicts nothing, lists nothing
+    assert report.cache == "read" and again != changed and len(again) == len(first)
     (entry,) = [e for e in storage_path(cache).iterdir() if e.name != "corpus_cache"]  # s3fs lists the prefix too
     killed = entry / "0a" / "rows" / "part.parquet"
     killed.write_bytes(b"half")  # a writer killed before its report

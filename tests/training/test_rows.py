@@ -24,6 +24,25 @@ def _corpus(rows, blocks):
     return content_ordered(ray.data.from_items(rows, override_num_blocks=blocks).materialize())
 
 
+def test_the_driver_holds_nothing_a_row_of_the_order(ray_here, monkeypatch):
+    """The content order is hashed and sorted by Ray tasks: the driver gets references, the row count and the
+    fingerprint (at 100M rows the keys and their argsort alone are 1.6 GB). Here the driver cannot sort at all."""
+    import ray
+
+    dataset = ray.data.from_items(ROWS, override_num_blocks=3).materialize()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the driver sorted or concatenated per-row arrays")
+
+    monkeypatch.setattr(np, "argsort", refuse)
+    monkeypatch.setattr(np, "concatenate", refuse)
+    corpus = content_ordered(dataset)
+    monkeypatch.undo()
+    assert isinstance(corpus.order, ray.ObjectRef) and corpus.rows == len(ROWS)
+    assert corpus.fingerprint == _corpus(list(reversed(ROWS)), 2).fingerprint
+    assert sorted(ray.get(corpus.order).tolist()) == list(range(len(ROWS)))
+
+
 def test_the_row_order_is_a_function_of_content_not_of_reading_order(ray_here):
     """A resubmitted job may get Ray Data's blocks in another order: each index must still name the same row. The
     corpus fingerprint checkpoints record is the same too, and changes with one row changed, dropped or added."""
