@@ -30,6 +30,11 @@ STORAGE_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEF
 ABANDONED_AFTER_S = 24 * 3600
 
 
+def absolute(path: str) -> str:
+    """A URI as it is, a local path made absolute (file:// included: Ray Train and this module take both)."""
+    return path if "://" in path else str(Path(path).resolve())
+
+
 def is_uri(path: str | os.PathLike) -> bool:
     """Whether ``path`` names object storage (``s3://...``): ``file://`` URIs and plain paths are local."""
     text = str(path)

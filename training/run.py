@@ -23,12 +23,12 @@ from jobconfig.schema import TrainJobConfig, objective_params
 from objectives.composite import SPECS, CompositeObjective, fields_read
 from runtime.local_ray import ray_session, runs_local_ray, worker_env
 from runtime.tracking_store import ensure_experiment, tracking_uri
-from storage.paths import StagedFolder, join, staged_folder
+from storage.paths import StagedFolder, absolute, join, staged_folder
 from tracking.metrics import RunTarget, metric_name, with_retries
 from tracking.model_card import model_card, write_model_card
 from tracking.model_registry import REGISTERED, log_and_register, run_for_name
 from training.checkpoints import refuse_other_corpus, storage_failure
-from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, DataKind
+from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, DataKind, corpus_cache_dir
 from training.loop import MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
 from training.plan import elastic_chunk, plan_steps
 from training.rows import CorpusBlocks, content_ordered
@@ -177,7 +177,7 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
 
 
 def _output_dir(cfg: TrainJobConfig) -> str:
-    return _absolute(cfg.output_dir)
+    return absolute(cfg.output_dir)
 
 
 def preflight(cfg: TrainJobConfig) -> Preflight:
@@ -227,7 +227,7 @@ def _training_data(cfg: TrainJobConfig, pre: Preflight, quarantine: Path):
         ds, report = load_corpus(kind.corpus, cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
                                  max_rows=None if kind.name == "triplets" else cfg.data.max_rows,
                                  shuffle_seed=cfg.data.shuffle_seed, on_bad_record=cfg.data.on_bad_record,
-                                 quarantine_path=quarantine, cache_dir=_corpus_cache(cfg),
+                                 quarantine_path=quarantine, cache_dir=corpus_cache_dir(cfg),
                                  cache_max_gb=cfg.data.cache_max_gb)
     ds, rows = kind.prepare(ds, ds.count() if kind.load else report.rows_written, cfg, pre.start_model)
     if "scores" in pre.needed:
@@ -252,12 +252,6 @@ def _without_similarity(table):
     return pc.fill_null(pc.is_nan(column.cast(pa.float64())), True)
 
 
-def _corpus_cache(cfg: TrainJobConfig) -> str | None:
-    """Where validated corpora are kept (data.cache): beside the checkpoints, on storage every node reaches (a shared
-    folder or an object store)."""
-    return f"{_storage(cfg)}/corpus_cache" if cfg.data.cache else None
-
-
 def _run_folder_uri(cfg: TrainJobConfig, path: str) -> str:
     """Ray Train's run folder as the user names it: Ray gives a path inside its file system, without the scheme."""
     storage = _storage(cfg)
@@ -265,12 +259,7 @@ def _run_folder_uri(cfg: TrainJobConfig, path: str) -> str:
 
 
 def _storage(cfg: TrainJobConfig) -> str:
-    return _absolute(cfg.trainer.storage_path)
-
-
-def _absolute(path: str) -> str:
-    """A URI as it is, a local path made absolute (file:// included: Ray Train and the storage layer take both)."""
-    return path if "://" in path else str(Path(path).resolve())
+    return absolute(cfg.trainer.storage_path)
 
 
 def _worker_config(cfg: TrainJobConfig, pre: Preflight, plan, corpus: CorpusBlocks, extras: dict, run_name: str,

@@ -59,7 +59,7 @@ def alternating_lists(train_env, tmp_path_factory):
     data = tmp_path_factory.mktemp("lists") / "lists.jsonl"
     data.write_text("".join(json.dumps({"sentences": x[: 2 if i % 2 == 0 else 6]}) + "\n"
                             for i, x in enumerate(LISTS[:8])))
-    return data, run_training(_config(train_env, "lists-1", data, *SIZES))
+    return data, run_training(_config(train_env, "lists-1", data, *SIZES, "data.cache=true"))
 
 
 @pytest.mark.parametrize("strategy", [("trainer.strategy=ddp",),
@@ -68,12 +68,19 @@ def test_posttraining_is_the_same_on_one_and_two_workers(train_env, alternating_
     """With 2 lists a step on 2 workers, one worker holds 2 texts (one forward pass), the other 6 (two length
     buckets on its own). Each forward pass is a collective (DDP buffers, ZeRO-3 weights), so the workers must agree
     on the pass count, else the run hangs in its next all-gather. The two-worker runs score their lists with two
-    teacher actors (posttrain.teacher_actors): the same targets, so the same losses."""
+    teacher actors (posttrain.teacher_actors): the same targets, so the same losses. The ZeRO-3 run reads the
+    one-worker run's matrices back from the corpus cache (data.cache) instead: the same losses again, and no second
+    entry (the pool size is not part of its key)."""
     from training.run import run_training
 
     data, one = alternating_lists
+    cached = strategy[-1] == "trainer.zero_stage=3"
     two = run_training(_config(train_env, f"lists-2-{strategy[-1]}", data, *SIZES, "trainer.num_workers=2", *strategy,
-                               "posttrain.teacher_actors=2"))
+                               "posttrain.teacher_actors=2", f"data.cache={str(cached).lower()}"))
+    if cached:
+        entries = list((train_env / "runs" / "corpus_cache").glob("lists-teacher-*"))
+        assert two["corpus_cache"] == "read" and len(entries) == 1
+        assert len([a for a in entries[0].iterdir() if a.is_dir()]) == 1  # written once, by the one-worker run
     assert one["registered_model"] == "raoe-lists" and two["plan"]["micro_batch"] == 1
     for key in ("train_loss", "grad_norm"):
         expected, got = metric_by_step(one["run_id"], key), metric_by_step(two["run_id"], key)
@@ -90,6 +97,7 @@ def test_the_default_teacher_is_the_start_model_encoding_as_training_does(tmp_pa
     """The targets come from the frozen start model's similarities: its pooling, prompt and padding, not
     sentence-transformers' defaults for a plain checkpoint (mean pooling, no prompt, 128 tokens)."""
     import numpy as np
+    import pyarrow as pa
 
     from encoders.backbone import build_encoder, inference_embeddings
     from encoders.model_uris import resolve_model
@@ -97,10 +105,27 @@ def test_the_default_teacher_is_the_start_model_encoding_as_training_does(tmp_pa
 
     cfg = _config(tmp_path, "teacher", tmp_path / "lists.jsonl", *model)
     lists = [LISTS[0][:4], LISTS[1][:3]]
-    out = ListTeacher(**list_teacher_kwargs(cfg, cfg.model.source))({"sentences": np.array(lists, dtype=object)})
+    out = ListTeacher(**list_teacher_kwargs(cfg, cfg.model.source))(pa.table({"sentences": lists}))
     student = build_encoder(resolve_model(cfg.model.source), pooling=cfg.model.pooling, max_length=cfg.model.max_length,
                             prompt=cfg.model.prompt, padding_side=cfg.model.padding_side, dropout=0.0)
-    for sentences, got in zip(lists, out["teacher_sim"]):
+    for sentences, got in zip(lists, out["teacher_sim"].to_numpy(zero_copy_only=False)):
         emb = inference_embeddings(student, sentences)
         emb = emb / np.linalg.norm(emb, axis=1, keepdims=True)
         np.testing.assert_allclose(got.reshape(len(sentences), -1), emb @ emb.T, atol=1e-5)
+
+
+def test_the_teacher_cache_key_follows_the_lists_content_and_the_teacher_not_their_order(ray_local):
+    """The same lists in another order and block split, or scored on other devices, share an entry; a teacher that
+    encodes otherwise (another max length) does not."""
+    import ray
+
+    from training.kinds.lists import teacher_key
+
+    rows = [{"sentences": x[:4]} for x in LISTS[:6]]
+    kwargs = {"source": "tiny:bert", "batch_size": 64, "trust_remote_code": False, "gpus": 0.0,
+              "encoder": {"pooling": "mean", "max_length": 32, "prompt": None, "padding_side": None}}
+    key = teacher_key(ray.data.from_items(rows, override_num_blocks=1), kwargs)
+    assert teacher_key(ray.data.from_items(rows[::-1], override_num_blocks=3), {**kwargs, "gpus": 1.0}) == key
+    longer = {**kwargs, "encoder": {**kwargs["encoder"], "max_length": 64}}
+    assert teacher_key(ray.data.from_items(rows, override_num_blocks=1), longer) != key
+    assert teacher_key(ray.data.from_items(rows[:-1], override_num_blocks=1), kwargs) != key

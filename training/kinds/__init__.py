@@ -4,7 +4,7 @@ the driver prepares its rows and how a worker's micro-batch becomes the gathered
 The Ray Train loop and the driver only name a kind; adding one touches this table and a module beside it
 (``text`` for pairs, triplets and sentences, ``lists`` for ranked lists, ``triples`` for RSE)."""
 
-from training.kinds.base import FIELD_COLUMNS, BatchContext, DataKind, ModelAdditions
+from training.kinds.base import FIELD_COLUMNS, BatchContext, DataKind, ModelAdditions, corpus_cache_dir
 from training.kinds.lists import lists_batch, lists_calls, lists_embed, lists_with_teacher
 from training.kinds.text import (
                                  mined_with_negatives,
@@ -54,4 +54,4 @@ TRAINING_KINDS: dict[str, DataKind] = {
     ]
 }
 
-__all__ = ["FIELD_COLUMNS", "TRAINING_KINDS", "BatchContext", "DataKind", "ModelAdditions"]
+__all__ = ["FIELD_COLUMNS", "TRAINING_KINDS", "BatchContext", "DataKind", "ModelAdditions", "corpus_cache_dir"]

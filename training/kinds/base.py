@@ -18,6 +18,7 @@ import torch
 from encoders.backbone import TokenCache, dropout_settings, dropout_settings_applied, forward_in_length_buckets, text_ids
 from objectives.composite import EmbeddingBatch
 from objectives.gather import gather_no_grad
+from storage.paths import absolute
 
 # Where scores and labels come from in a corpus row.
 FIELD_COLUMNS = {"scores": "similarity", "labels": "label"}
@@ -119,6 +120,12 @@ class DataKind:
             raise ValueError(f"none of the {rows} records of {cfg.data.train} gives {self.unit}")
         print(f"[raoe] {count} {self.unit} from {rows} records", flush=True)
         return ds, count
+
+
+def corpus_cache_dir(cfg) -> str | None:
+    """Where validated corpora, and what the driver derives from them at a cost (the lists' teacher matrices), are
+    kept (data.cache): beside the checkpoints, on storage every node reaches (a shared folder or an object store)."""
+    return f"{absolute(cfg.trainer.storage_path).rstrip('/')}/corpus_cache" if cfg.data.cache else None
 
 
 @contextlib.contextmanager

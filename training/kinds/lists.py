@@ -1,7 +1,13 @@
 """Ranked lists (post-training with ListMLE): each list's teacher similarity matrix computed once on the driver's
-Ray Data pipeline (``ListTeacher``), and the worker's batch of whole lists padded into [lists, longest, d]."""
+Ray Data pipeline (``ListTeacher``; kept in the corpus cache with data.cache), and the worker's batch of whole lists
+padded into [lists, longest, d]."""
 
 from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -13,7 +19,8 @@ from encoders.devices import actor_device, pool_resources
 from encoders.model_uris import resolve_model
 from objectives.composite import EmbeddingBatch
 from objectives.gather import gather_no_grad, gather_with_grad
-from training.kinds.base import BatchContext
+from storage.paths import join
+from training.kinds.base import BatchContext, corpus_cache_dir
 
 
 class ListTeacher:
@@ -33,16 +40,21 @@ class ListTeacher:
             self.encode = TeacherEncoder(TeacherConfig(name="teacher", source=source, batch_size=batch_size,
                                                        trust_remote_code=trust_remote_code), device).encode
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, batch):
+        """An Arrow batch of lists -> the same with ``teacher_sim``: one flat n*n float32 list per list of n
+        sentences. Plain Arrow list columns, so the corpus cache keeps them as Parquet lists (a column of Python
+        objects would be pickled, which Ray refuses to read back)."""
+        import pyarrow as pa
+
         sims = []
-        for sentences in batch["sentences"]:
+        for sentences in batch["sentences"].to_pylist():
             emb = np.asarray(self.encode([str(s) for s in sentences]), dtype=np.float64)
             emb = emb / np.linalg.norm(emb, axis=1, keepdims=True).clip(min=1e-12)
             sims.append((emb @ emb.T).astype(np.float32).ravel())
-        column = np.empty(len(sims), dtype=object)  # one flat n*n array per list, lists of any length
-        for i, sim in enumerate(sims):
-            column[i] = sim
-        return {"sentences": batch["sentences"], "teacher_sim": column}
+        offsets = np.cumsum([0] + [len(s) for s in sims], dtype=np.int64)
+        flat = pa.array(np.concatenate(sims) if sims else np.zeros(0, np.float32))
+        return pa.table({"sentences": batch["sentences"],
+                         "teacher_sim": pa.LargeListArray.from_arrays(pa.array(offsets), flat)})
 
 
 def teacher_trusts_code(cfg) -> bool:
@@ -65,13 +77,51 @@ def list_teacher_kwargs(cfg, start_model: str) -> dict:
 
 
 def lists_with_teacher(ds, cfg, start_model: str):
-    """Each ranked list with its teacher similarity matrix: ``posttrain.teacher``, or the start model, frozen."""
+    """Each ranked list with its teacher similarity matrix: ``posttrain.teacher``, or the start model, frozen. With
+    the corpus cache on (data.cache), the scored lists are kept beside the validated corpus, keyed by the lists'
+    content and the teacher (``teacher_key``): a rerun, a resubmission or a sweep trial reads them back instead of
+    encoding every list again."""
+    from data_pipelines.corpus_cache import after_use, read_cached, write_cached
+
+    kwargs = list_teacher_kwargs(cfg, start_model)
+    cache = corpus_cache_dir(cfg)
+    entry = join(cache, f"lists-teacher-{teacher_key(ds, kwargs)}") if cache else None
+    cached = read_cached(entry, None) if entry else None
+    if cached is not None:
+        after_use(entry, cfg.data.cache_max_gb, wrote=False)
+        print(f"[raoe] teacher similarity matrices from the cache {entry} (same lists, same teacher)", flush=True)
+        return cached[0]
+    scored = _scored(ds, kwargs, cfg.posttrain).materialize()
+    if entry and write_cached(entry, scored, {"rows_written": scored.count()}):
+        after_use(entry, cfg.data.cache_max_gb, wrote=True)
+    return scored
+
+
+def _scored(ds, kwargs: dict, posttrain):
     import ray
 
-    return ds.map_batches(ListTeacher, fn_constructor_kwargs=list_teacher_kwargs(cfg, start_model),
-                          batch_size=64, compute=ray.data.ActorPoolStrategy(size=cfg.posttrain.teacher_actors),
-                          **pool_resources(cfg.posttrain.teacher_cpus, cfg.posttrain.teacher_gpus),
-                          batch_format="numpy")
+    return ds.map_batches(ListTeacher, fn_constructor_kwargs=kwargs, batch_size=64,
+                          compute=ray.data.ActorPoolStrategy(size=posttrain.teacher_actors),
+                          **pool_resources(posttrain.teacher_cpus, posttrain.teacher_gpus), batch_format="pyarrow")
+
+
+def teacher_key(ds, kwargs: dict) -> str:
+    """What decides the teacher matrices: the lists' content (their fingerprint, whatever their files or order), the
+    teacher's files and how it encodes (``ListTeacher``'s arguments, not its devices or pool size), and the code and
+    library versions that encode."""
+    import sentence_transformers
+    import transformers
+
+    from data_pipelines.corpus_cache import folder_identity
+    from training.rows import content_ordered
+
+    code = hashlib.sha1()
+    for module in (__file__, inspect.getfile(build_encoder), inspect.getfile(TeacherEncoder)):
+        code.update(Path(module).read_bytes())
+    identity = {"lists": content_ordered(ds.materialize()).fingerprint, "code": code.hexdigest(),
+                "teacher": {**{k: v for k, v in kwargs.items() if k != "gpus"}, "source": folder_identity(kwargs["source"])},
+                "versions": [torch.__version__, transformers.__version__, sentence_transformers.__version__]}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
 def _list_texts(ctx: BatchContext, rows: dict[str, np.ndarray]) -> tuple[list[list[str]], int]:
