@@ -32,6 +32,9 @@ from storage.paths import ABANDONED_AFTER_S, storage_path
 
 SHARD_ROWS = 16384  # rows per shard file: the chunk of one search step
 INDEX_FORMAT = 2  # in the cache key: 1 kept ids and texts in parquet, read whole
+LAST_USED = "last_used"  # touched in an index's folder each time a job builds or reads it: least recently used goes first
+MAX_GB_ENV = "RAOE_INDEX_CACHE_MAX_GB"  # the corpus-index cache's size limit (unset: none), as data.cache_max_gb
+IN_USE_S = 3600  # an index used this recently may still be searched by another job: never evicted
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,7 @@ def corpus_index(corpus, model_path: str, corpus_key: str, *, pool: EncoderPool,
         problem = index_problem(target)
         if problem is None:
             print(f"corpus embeddings from the cache: {target}", flush=True)
+            (target / LAST_USED).touch()
             return CorpusIndex(target)
         print(f"[raoe] cached corpus embeddings {target} ignored and built again: {problem}", flush=True)
         shutil.rmtree(target, ignore_errors=True)
@@ -137,7 +141,40 @@ def corpus_index(corpus, model_path: str, corpus_key: str, *, pool: EncoderPool,
         (staging / "meta.json").write_text(json.dumps({
             "model_path": model_path, "corpus": corpus_key, "rows": int(sum(s["rows"] for s in shards)),
             "dim": dims.pop() if dims else 0, "shards": [s["shard"] for s in shards], "text": keep_text}))
+        (staging / LAST_USED).touch()
+    limit = os.environ.get(MAX_GB_ENV)
+    if limit:
+        removed = evict_least_recent(target.parent, float(limit), keep=target.name)
+        if removed:
+            print(f"[raoe] corpus-index cache {target.parent}: removed {', '.join(removed)}", flush=True)
     return CorpusIndex(target)
+
+
+def evict_least_recent(root: Path, max_gb: float, keep: str, now: float | None = None) -> list[str]:
+    """Whole indexes, least recently used first, until the cache fits under ``max_gb`` (after a build: the only time
+    it grows); never ``keep`` (the one just built), a build in progress, or an index used within IN_USE_S (another
+    job may be searching it). Returns what was removed."""
+    import time
+
+    now, sizes, used = time.time() if now is None else now, {}, {}
+    for folder in root.iterdir():
+        if not folder.is_dir() or folder.name.startswith("."):  # staging folders of builds in progress
+            continue
+        files = [p for p in folder.rglob("*") if p.is_file()]
+        sizes[folder.name] = sum(p.stat().st_size for p in files)
+        marker = folder / LAST_USED
+        used[folder.name] = marker.stat().st_mtime if marker.exists() else max(
+            [p.stat().st_mtime for p in files] + [folder.stat().st_mtime])
+    total, removed = sum(sizes.values()), []
+    for name in sorted(sizes, key=used.get):
+        if total <= max_gb * 1e9:
+            break
+        if name == keep or now - used[name] < IN_USE_S:
+            continue
+        shutil.rmtree(root / name, ignore_errors=True)
+        total -= sizes[name]
+        removed.append(f"{name} ({sizes[name] / 1e9:.3f} GB, least recently used; {MAX_GB_ENV}={max_gb:g})")
+    return removed
 
 
 def index_problem(folder: Path) -> str | None:

@@ -189,9 +189,11 @@ def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch,
     ours = evaluate_retrieval(str(model), tasks, pool=EncoderPool(), batch_size=8, per_query=per_query)
     index_dirs = list((tmp_path / "cache" / "corpus-embeddings").iterdir())
     meta_time = (index_dirs[0] / "meta.json").stat().st_mtime_ns
+    used = (index_dirs[0] / "last_used").stat().st_mtime_ns
     again = _evaluate_job_on(s3.upload(folder, "beir-tiny"), model, tmp_path, monkeypatch, s3)
     assert len(index_dirs) == 1 and len(json.loads((index_dirs[0] / "meta.json").read_text())["shards"]) >= 4
     assert (index_dirs[0] / "meta.json").stat().st_mtime_ns == meta_time  # read from the cache, not rebuilt
+    assert (index_dirs[0] / "last_used").stat().st_mtime_ns > used  # ... and its use recorded (least recent goes)
     assert again["retrieval"] == ours and again["metrics"]["STSBenchmark"] is None  # no STS data: absent
 
     reference = _st_reference(model, corpus, queries, qrels)
@@ -284,3 +286,25 @@ def test_a_cached_index_that_lost_a_file_is_built_again_and_killed_builds_go_aft
         for path in (staging / "part" / "x.npy", staging / "part", staging):
             os.utime(path, (time.time() - age, time.time() - age))
     assert remove_stale_builds(tmp_path) == [old.name] and fresh.exists() and not old.exists()
+
+
+def test_the_index_cache_keeps_under_its_limit_by_least_recent_use(tmp_path):
+    """RAOE_INDEX_CACHE_MAX_GB: after a build, whole indexes go by least recent use until the cache fits; never the
+    one just built, one used within the hour (another job may be searching it) or a build in progress."""
+    import os
+    import time
+
+    from evaluation.corpus_index import LAST_USED, evict_least_recent
+
+    now = time.time()
+    for name, hours_ago in (("old", 48), ("older", 72), ("recent", 0.5), ("built", 0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "0.npy").write_bytes(b"x" * 1000)
+        (tmp_path / name / LAST_USED).touch()
+        os.utime(tmp_path / name / LAST_USED, (now - hours_ago * 3600,) * 2)
+    (tmp_path / ".built.1-ab.tmp").mkdir()
+    (tmp_path / ".built.1-ab.tmp" / "0.npy").write_bytes(b"x" * 1000)
+    removed = evict_least_recent(tmp_path, max_gb=2500e-9, keep="built", now=now)
+    assert [r.split()[0] for r in removed] == ["older", "old"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".built.1-ab.tmp", "built", "recent"]
+    assert evict_least_recent(tmp_path, max_gb=500e-9, keep="built", now=now) == []  # the rest is in use
