@@ -42,15 +42,6 @@ def corpus_key(kind: str, files: list[Path], fmt: str, **options) -> str:
     return hashlib.sha256(identity.encode()).hexdigest()[:24]
 
 
-def folder_identity(source: str) -> list | str:
-    """What says a model folder is unchanged, for caches of what it computed: each file's name, size, mtime and a
-    hash of its first and last MB; a name that is no local folder (a hub id) as it is."""
-    folder = Path(source)
-    if not folder.is_dir():
-        return source
-    return sorted((p.relative_to(folder).as_posix(), *_identity(p)[1:]) for p in folder.rglob("*") if p.is_file())
-
-
 def _identity(path) -> tuple:
     if not isinstance(path, Path):
         return file_identity(path)  # the ETag is a hash of the content already

@@ -112,14 +112,14 @@ def teacher_key(ds, kwargs: dict) -> str:
     import sentence_transformers
     import transformers
 
-    from data_pipelines.corpus_cache import folder_identity
+    from evaluation.corpus_index import model_fingerprint
     from training.rows import content_ordered
 
     code = hashlib.sha1()
     for module in (__file__, inspect.getfile(build_encoder), inspect.getfile(TeacherEncoder)):
         code.update(Path(module).read_bytes())
-    identity = {"lists": content_ordered(ds.materialize()).fingerprint, "code": code.hexdigest(),
-                "teacher": {**{k: v for k, v in kwargs.items() if k != "gpus"}, "source": folder_identity(kwargs["source"])},
+    teacher = {k: v for k, v in kwargs.items() if k != "gpus"} | {"source": model_fingerprint(kwargs["source"])}
+    identity = {"lists": content_ordered(ds.materialize()).fingerprint, "code": code.hexdigest(), "teacher": teacher,
                 "versions": [torch.__version__, transformers.__version__, sentence_transformers.__version__]}
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
