@@ -68,3 +68,27 @@ def stsb_dev_folder(root: Path, pairs: int = 24) -> Path:
         f"main-captions\tMSRvid\t2012test\t{i:04d}\t{5 * r['similarity']:.3f}\t{r['text1']}\t{r['text2']}\n"
         for i, r in enumerate(rows)))
     return root
+
+
+@pytest.fixture(scope="package")
+def simcse_retrieval_dev_run(train_env, tmp_path_factory):
+    """One tiny SimCSE run that two modules check (a run costs ~20 s of start-up): InfoNCE on NLI triplets
+    (test_simcse_training: it trains on triplets) selecting its checkpoints by a retrieval dev task (test_dev_selection):
+    the tiny NLI premises retrieving their entailments among every hypothesis, so training moves the score.
+    Returns (the run's result, the dev task's BEIR folder)."""
+    import json
+
+    from tests.evaluation.test_retrieval import write_beir
+    from training.run import run_training
+
+    rows = [json.loads(line) for line in TINY_NLI.read_text().splitlines()]
+    docs = {f"d{i}": t for i, t in enumerate(dict.fromkeys(r["text2"] for r in rows))}
+    doc_of, premises = {t: d for d, t in docs.items()}, list(dict.fromkeys(r["text1"] for r in rows))
+    qrels = [(f"q{premises.index(r['text1'])}", doc_of[r["text2"]], 1) for r in rows if r["label"] == "entailment"]
+    folder = write_beir(tmp_path_factory.mktemp("nli-dev") / "nli-dev", docs,
+                        {f"q{i}": t for i, t in enumerate(premises)}, qrels)
+    out = run_training(tiny_config(train_env, "simcse-retrieval-dev", "data.triplets=true",
+                                   "objective.weights={infonce: 1.0}", f"eval.dev_retrieval={folder}",
+                                   "trainer.max_steps=3", "trainer.eval_every=1", "trainer.global_batch_size=16",
+                                   "trainer.lr=3e-3"))
+    return out, folder

@@ -7,27 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.training.conftest import TINY_NLI, tiny_config
 
-
-def test_a_retrieval_dev_task_selects_checkpoints_by_its_ndcg(train_env, tmp_path):
+def test_a_retrieval_dev_task_selects_checkpoints_by_its_ndcg(simcse_retrieval_dev_run):
     """eval.dev_retrieval: every evaluation logs the task's nDCG@10 (x100) under dev_ndcg_at_10, the checkpoint
-    with the best one is exported, and that model scores the same on the task when scored again here. The task: the
-    tiny NLI premises retrieving their entailments among every hypothesis, so training moves the score."""
+    with the best one is exported, and that model scores the same on the task when scored again here. The run (shared
+    with test_simcse_training, conftest.py) is SimCSE on the tiny NLI triplets; its task, the premises retrieving their
+    entailments among every hypothesis, moves with training."""
     from mlflow import MlflowClient
 
     from encoders.backbone import inference_embeddings, load_encoder
     from evaluation.retrieval import dev_ndcg_at_10, read_dev_set
-    from tests.evaluation.test_retrieval import write_beir
-    from training.run import run_training
 
-    rows = [json.loads(line) for line in TINY_NLI.read_text().splitlines()]
-    docs = {f"d{i}": t for i, t in enumerate(dict.fromkeys(r["text2"] for r in rows))}
-    doc_of, premises = {t: d for d, t in docs.items()}, list(dict.fromkeys(r["text1"] for r in rows))
-    qrels = [(f"q{premises.index(r['text1'])}", doc_of[r["text2"]], 1) for r in rows if r["label"] == "entailment"]
-    folder = write_beir(tmp_path / "nli-dev", docs, {f"q{i}": t for i, t in enumerate(premises)}, qrels)
-    out = run_training(tiny_config(train_env, "retrieval-dev", f"eval.dev_retrieval={folder}", "trainer.max_steps=3",
-                                   "trainer.eval_every=1", "trainer.global_batch_size=16", "trainer.lr=3e-3"))
+    out, folder = simcse_retrieval_dev_run
     scores = {m.step: m.value for m in MlflowClient().get_metric_history(out["run_id"], "dev_ndcg_at_10")}
     assert sorted(scores) == [1, 2, 3] and len(set(scores.values())) > 1  # training moves it
     best_step = max(sorted(scores), key=lambda s: (scores[s], s))

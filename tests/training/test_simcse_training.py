@@ -49,10 +49,7 @@ def test_triplets_need_nli_pairs(tmp_path):
         run_training(cfg)
 
 
-def test_tiny_simcse_job_trains_on_triplets(train_env):
-    from training.run import run_training
-
-    cfg = tiny_config(train_env, "simcse", "data.triplets=true", "objective.weights={infonce: 1.0}",
-                      "trainer.max_steps=2", "trainer.global_batch_size=8")
-    result = run_training(cfg, register=False)
-    assert result["metrics"]["steps"] == 2 and np.isfinite(result["metrics"]["train_loss"])
+def test_tiny_simcse_job_trains_on_triplets(simcse_retrieval_dev_run):
+    """The run is shared with test_dev_selection (conftest.py): InfoNCE on triplets, 3 steps of 16."""
+    result, _ = simcse_retrieval_dev_run
+    assert result["metrics"]["steps"] == 3 and np.isfinite(result["metrics"]["train_loss"])
