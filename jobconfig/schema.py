@@ -154,6 +154,10 @@ class DataConfig(Section):
     cache_max_gb: float | None = Field(None, gt=0, description="keep the corpus cache under this many GB: after each "
                                        "run the least recently used entries go first (null: no limit; attempts "
                                        "a killed run left are removed after a day either way)")
+    node_local: bool = Field(False, description="workers read the corpus from memory-mapped Arrow files on their "
+                             "node's disk (written once under <trainer.storage_path>/corpus_files, copied once per "
+                             "node to RAOE_NODE_CACHE) instead of Ray's object store: for a corpus larger than a "
+                             "node's object store; the same rows at every step either way")
     prefetch: bool | None = Field(None, description="take and tokenise the next micro-batch in a background thread "
                                   "while the current one trains; null: on with GPUs, off on CPU, where the thread "
                                   "takes cores from the step (benchmarks/results/input_prefetch.md); data_wait_s "

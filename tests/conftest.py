@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,8 @@ for _key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
 ROOT = Path(__file__).resolve().parent.parent
 # DeepSpeed compiles a CPU op (25-80 s here) into this folder when it starts on CPU, and rebuilds it when the folder
 # changes or was built from another checkout's paths: one folder for the whole session, per checkout (git ignores it).
+# data.node_local's per-node copies (a node's own disk; storage/node_cache.py), fresh for each session
+os.environ.setdefault("RAOE_NODE_CACHE", tempfile.mkdtemp(prefix="raoe-node-cache-"))
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
 DEV_DATA = Path(os.environ.get("RAOE_DEV_DATA", ROOT.parent / "shared" / "data"))
 

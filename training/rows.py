@@ -7,7 +7,9 @@ files again (Ray Data may hand out blocks in another order) sees the same rows a
 references to the blocks and to that order. A worker maps them (``CorpusRows``): on its
 node the object store holds one copy for all its workers, read without copying, and only the rows of the worker's
 own micro-batches become Python objects. So a worker's memory does not grow with the corpus, and nothing is loaded
-through a per-worker Ray Data iterator.
+through a per-worker Ray Data iterator. With data.node_local the same blocks and order are written once as Arrow files
+on shared storage (``write_files``) and each node maps its own copy of them (storage.node_cache) instead: for a corpus
+larger than a node's object store.
 
 ``MicroBatchFeed`` takes the rows of the next micro-batch and tokenises them in a background thread while the current
 one trains, and counts the time the loop still waited for them (``data_wait_s``)."""
@@ -34,6 +36,7 @@ class CorpusBlocks:
     order: Any  # ray.ObjectRef[np.ndarray]: row i of the corpus is position order[i] of the blocks
     rows: int
     fingerprint: str = ""  # the rows' content, whatever their order or files (checkpoints record it)
+    files: str | None = None  # data.node_local: the same blocks and order as files on shared storage (write_files)
 
 
 def content_ordered(ds) -> CorpusBlocks:
@@ -52,6 +55,56 @@ def content_ordered(ds) -> CorpusBlocks:
     order, rows, fingerprint = ordering.remote(*[hashing.remote(block) for block in blocks])
     rows, fingerprint = ray.get([rows, fingerprint])
     return CorpusBlocks(blocks=tuple(blocks), order=order, rows=rows, fingerprint=fingerprint)
+
+
+MANIFEST, ORDER_FILE = "corpus.json", "order.npy"
+
+
+def write_files(corpus: CorpusBlocks, folder: str) -> CorpusBlocks:
+    """The corpus as files under ``folder`` (shared storage: a URI or a mount every node sees), for workers that map
+    it from their node's disk instead of the object store (data.node_local): one uncompressed Arrow IPC file a block,
+    written by a Ray task where the block is, the order as ``order.npy``, and a manifest written last. A folder whose
+    manifest has this fingerprint already holds these rows (in its own block split and order) and is used as it is.
+    The result holds no object references, so the object store can let the blocks go."""
+    import json
+
+    import ray
+
+    from storage.paths import join, storage_path, writable_path
+
+    manifest = storage_path(join(folder, MANIFEST))
+    if manifest.exists():
+        held = json.loads(manifest.read_text())
+        if held.get("fingerprint") == corpus.fingerprint and held.get("rows") == corpus.rows:
+            return CorpusBlocks(blocks=(), order=None, rows=corpus.rows, fingerprint=corpus.fingerprint, files=folder)
+    names = [f"block-{i:06d}.arrow" for i in range(len(corpus.blocks))]
+    task = ray.remote(num_cpus=1, scheduling_strategy="DEFAULT")  # DEFAULT: not in a Tune trial's placement group
+    written = ray.get([task(_write_block).remote(block, join(folder, name))
+                       for block, name in zip(corpus.blocks, names)]
+                      + [task(_write_order).remote(corpus.order, join(folder, ORDER_FILE))])
+    if sum(written[:-1]) != corpus.rows or written[-1] != corpus.rows:
+        raise RuntimeError(f"writing the corpus files under {folder} gave {written} rows of {corpus.rows}")
+    writable_path(join(folder, MANIFEST)).write_text(json.dumps(
+        {"fingerprint": corpus.fingerprint, "rows": corpus.rows, "blocks": names, "order": ORDER_FILE}))
+    return CorpusBlocks(blocks=(), order=None, rows=corpus.rows, fingerprint=corpus.fingerprint, files=folder)
+
+
+def _write_block(table, uri: str) -> int:
+    import pyarrow as pa
+
+    from storage.paths import writable_path
+
+    with writable_path(uri).open("wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return table.num_rows
+
+
+def _write_order(order: np.ndarray, uri: str) -> int:
+    from storage.paths import writable_path
+
+    with writable_path(uri).open("wb") as sink:
+        np.save(sink, order)
+    return len(order)
 
 
 def order_by_keys(*block_keys: np.ndarray) -> tuple[np.ndarray, int, str]:
@@ -102,11 +155,9 @@ class CorpusRows:
     a private copy of the whole column) and converted as Ray Data converts a pandas batch."""
 
     def __init__(self, corpus: CorpusBlocks):
-        import ray
-
-        self.blocks = [batch for table in ray.get(list(corpus.blocks)) for batch in table.to_batches() if batch.num_rows]
+        tables, self.order = _mapped_files(corpus) if corpus.files else _mapped_blocks(corpus)
+        self.blocks = [batch for table in tables for batch in table.to_batches() if batch.num_rows]
         self.starts = np.cumsum([0] + [block.num_rows for block in self.blocks])
-        self.order = ray.get(corpus.order)  # read-only, shared with the node's other workers
         if self.starts[-1] != corpus.rows or len(self.order) != corpus.rows:
             raise RuntimeError(f"the corpus blocks hold {self.starts[-1]} rows, the plan has {corpus.rows}")
 
@@ -123,6 +174,28 @@ class CorpusRows:
         part = part.take(np.argsort(grouped, kind="stable"))  # differ in schema (a column all null in one)
         frame = BlockAccessor.for_block(part).to_pandas()
         return {column: frame[column].to_numpy() for column in frame.columns}
+
+
+def _mapped_blocks(corpus: CorpusBlocks) -> tuple[list, np.ndarray]:
+    """The blocks and the order from the node's object store: read-only, shared with the node's other workers."""
+    import ray
+
+    return ray.get(list(corpus.blocks)), ray.get(corpus.order)
+
+
+def _mapped_files(corpus: CorpusBlocks) -> tuple[list, np.ndarray]:
+    """The blocks and the order memory-mapped from the node's copy of the corpus files (made once per node): the
+    page cache holds what the node's workers read, shared between them, and the rest stays on disk."""
+    import json
+
+    import pyarrow as pa
+
+    from storage.node_cache import node_copy
+
+    local = node_copy(corpus.files, f"corpus-{corpus.fingerprint}")
+    manifest = json.loads((local / MANIFEST).read_text())
+    tables = [pa.ipc.open_file(pa.memory_map(str(local / name))).read_all() for name in manifest["blocks"]]
+    return tables, np.load(local / manifest["order"], mmap_mode="r")
 
 
 class InMemoryRows:

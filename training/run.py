@@ -23,6 +23,7 @@ from jobconfig.schema import TrainJobConfig, objective_params
 from objectives.composite import SPECS, CompositeObjective, fields_read
 from runtime.local_ray import ray_session, runs_local_ray, worker_env
 from runtime.tracking_store import ensure_experiment, tracking_uri
+from storage.node_cache import node_cache_root
 from storage.paths import StagedFolder, absolute, join, staged_folder
 from tracking.metrics import RunTarget, metric_name, with_retries
 from tracking.model_card import model_card, write_model_card
@@ -31,7 +32,7 @@ from training.checkpoints import refuse_other_corpus, storage_failure
 from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, DataKind, corpus_cache_dir
 from training.loop import MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
 from training.plan import elastic_chunk, plan_steps
-from training.rows import CorpusBlocks, content_ordered
+from training.rows import CorpusBlocks, content_ordered, write_files
 from training.worker_config import RETRIEVAL_DEV_METRIC, STS_DEV_METRIC, DevSet, WorkerConfig
 
 JOB_DATA = {"stage1": "pairs", "stage2": "sts", "unsupervised": "sentences", "posttrain": "lists",
@@ -238,6 +239,10 @@ def _training_data(cfg: TrainJobConfig, pre: Preflight, quarantine: Path):
     corpus = content_ordered(ds)
     if corpus.rows != rows:
         raise RuntimeError(f"ordering the corpus gave {corpus.rows} rows of {rows}")
+    if cfg.data.node_local:
+        corpus = write_files(corpus, join(_storage(cfg), "corpus_files", corpus.fingerprint))
+        print(f"[raoe] data.node_local: the corpus as memory-mapped files, {corpus.files}; each node copies it "
+              f"once to {node_cache_root()}", flush=True)
     return corpus, report, extras
 
 

@@ -3,7 +3,8 @@ train on the same rows in the same chunks with the same dropout masks at every s
 on one worker, one on each of two) and so log the same loss and the same global gradient norm (before clipping) at
 every step. The gradient norm is what a x N error in the gradient would show; weights after
 a clipped AdamW step would not. The ZeRO-3 run tokenises ahead in the input prefetch thread, the others in the step,
-and it scores STS-B dev from pairs the driver read (the files gone before the workers start).
+and it scores STS-B dev from pairs the driver read (the files gone before the workers start); the ZeRO-2 workers map
+the corpus from their node's copy of its Arrow files (data.node_local) instead of the object store.
 bf16 means autocast with fp32 weights under both strategies."""
 
 import json
@@ -21,7 +22,9 @@ COMMON = ("trainer.global_batch_size=32", "trainer.chunk_size=16", "model.dropou
 RUNS = {
     "1 worker": (),
     "2 workers ddp": ("trainer.num_workers=2",),
-    "2 workers zero-2": ("trainer.num_workers=2", "trainer.strategy=deepspeed", "trainer.zero_stage=2"),
+    # with the corpus memory-mapped from the node's copy of its files (data.node_local), not Ray's object store
+    "2 workers zero-2": ("trainer.num_workers=2", "trainer.strategy=deepspeed", "trainer.zero_stage=2",
+                         "data.node_local=true"),
     # with the input prefetch on (the default with GPUs): the next micro-batch taken and tokenised in a thread
     "2 workers zero-3": ("trainer.num_workers=2", "trainer.strategy=deepspeed", "trainer.zero_stage=3",
                          "data.prefetch=true"),
@@ -92,6 +95,24 @@ def test_every_step_has_the_one_worker_loss_and_gradient_norm(runs, other):
         for step in range(2, STEPS + 1):
             assert got[step] == pytest.approx(expected[step], rel=ONE_STEP_APART_REL), f"{key} at step {step}"
     assert one["metrics"]["grad_norm"] > 1.0  # above grad_clip: the norm is reported before clipping
+
+
+def test_node_local_workers_map_the_corpus_files_their_node_copied_once(runs, train_env):
+    """data.node_local: the driver wrote the content-ordered corpus once as Arrow files under the run storage's
+    corpus_files, named by its fingerprint; the node holds one copy of them, which its two workers mapped (their
+    losses are the 1-worker run's, above)."""
+    import os
+    from pathlib import Path
+
+    from storage.node_cache import COMPLETE
+
+    manifests = list((train_env / "runs" / "corpus_files").glob("*/corpus.json"))
+    assert len(manifests) == 1, manifests
+    manifest = json.loads(manifests[0].read_text())
+    assert manifest["rows"] == runs["2 workers zero-2"]["rows_written"] == 128
+    copy = Path(os.environ["RAOE_NODE_CACHE"]) / f"corpus-{manifest['fingerprint']}"
+    assert (copy / COMPLETE).exists() and sorted(p.name for p in copy.iterdir()) == sorted(
+        [*manifest["blocks"], "order.npy", "corpus.json", COMPLETE])
 
 
 def test_zero3_exports_the_full_model(runs):

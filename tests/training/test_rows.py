@@ -105,3 +105,60 @@ def test_ranked_lists_with_teacher_matrices_order_and_take_whatever_their_length
     assert [list(s) for s in taken[0]["sentences"]] == [list(s) for s in taken[1]["sentences"]]  # by content
     assert sorted(tuple(s) for s in taken[0]["sentences"]) == sorted(tuple(x["sentences"]) for x in lists)
     assert all(len(m) == len(s) ** 2 for s, m in zip(taken[0]["sentences"], taken[0]["teacher_sim"]))
+
+
+def test_node_local_files_give_the_rows_the_object_store_gives_and_are_written_once(ray_here, s3_server, monkeypatch,
+                                                                                    tmp_path):
+    """data.node_local: the corpus written as Arrow files on shared storage (here the local S3 endpoint) and mapped
+    from a node's copy takes the same rows for every index as the blocks in the object store; the worker's corpus
+    holds no object reference. A second run of the same rows, read in another block split, uses the files as they
+    are (no block is written again) and takes the same rows still."""
+    import training.rows
+    from storage.node_cache import COMPLETE
+    from tests.conftest import new_bucket
+
+    monkeypatch.setenv("RAOE_NODE_CACHE", str(tmp_path / "node"))
+    folder = new_bucket(s3_server, "node-local").uri("corpus_files")
+    in_store = _corpus(ROWS, 3)
+    on_files = training.rows.write_files(in_store, folder)
+    assert on_files.blocks == () and on_files.order is None and on_files.fingerprint == in_store.fingerprint
+    index = np.random.default_rng(0).permutation(len(ROWS))
+    want = CorpusRows(in_store).take(index)
+    got = CorpusRows(on_files).take(index)
+    assert list(got) == list(want) and got["text"].tolist() == want["text"].tolist()
+    assert [None if pd.isna(v) else v for v in got["negative"]] == [None if pd.isna(v) else v for v in want["negative"]]
+    copy = tmp_path / "node" / f"corpus-{in_store.fingerprint}"
+    assert (copy / COMPLETE).exists() and sorted(p.name for p in copy.glob("*.arrow")) == [
+        f"block-{i:06d}.arrow" for i in range(3)]
+
+    def refuse(*args):
+        raise AssertionError("a block was written again")
+
+    monkeypatch.setattr(training.rows, "_write_block", refuse)
+    again = training.rows.write_files(_corpus(list(reversed(ROWS)), 5), folder)
+    assert again == on_files
+    assert CorpusRows(again).take(index)["text"].tolist() == want["text"].tolist()
+
+
+def test_a_node_copies_a_folder_once_whoever_asks_at_the_same_time(tmp_path, monkeypatch):
+    """Every worker of a node asks for the copy as it starts: one copies (under a file lock, into a staging folder
+    renamed into place), the others wait and find it; nothing half-copied stays."""
+    import storage.node_cache as node_cache
+
+    monkeypatch.setenv("RAOE_NODE_CACHE", str(tmp_path / "node"))
+    source = tmp_path / "shared"
+    (source / "sub").mkdir(parents=True)
+    (source / "a.arrow").write_bytes(b"a" * 100_000)
+    (source / "sub" / "b.npy").write_bytes(b"b" * 10)
+    copies, copy_in = [], node_cache._copy_in
+    monkeypatch.setattr(node_cache, "_copy_in", lambda src, target: (copies.append(target), copy_in(src, target)))
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(node_cache.node_copy(str(source), "corpus-x")))
+               for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(copies) == 1 and len(set(got)) == 1 and len(got) == 4
+    assert (got[0] / "a.arrow").read_bytes() == b"a" * 100_000 and (got[0] / "sub" / "b.npy").read_bytes() == b"b" * 10
+    assert sorted(p.name for p in (tmp_path / "node").iterdir()) == ["corpus-x", "corpus-x.lock"]

@@ -1,0 +1,78 @@
+"""A folder on shared storage copied once to each node's own disk, for files a node reads many times through the page
+cache (memory-mapped training corpora, ``data.node_local``).
+
+The copy is keyed by a name that says what the folder holds (a content fingerprint), so a copy is never stale: a
+corpus that changes has another name. Every process of a node that needs the folder calls ``node_copy``; the first
+copies under a file lock, into a staging folder renamed into place when whole, and the others wait on the lock and find
+it there. The copies live under ``RAOE_NODE_CACHE`` (default ``~/.cache/raoe/node``): a disk of the node, never a
+shared mount (each node must hold its own)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import time
+from pathlib import Path
+
+from storage.paths import ABANDONED_AFTER_S, files_under, is_uri, storage_path
+
+COMPLETE = ".complete"  # written last into a node's copy: the copy is whole
+
+
+def node_cache_root() -> Path:
+    return Path(os.environ.get("RAOE_NODE_CACHE", "~/.cache/raoe/node")).expanduser()
+
+
+def node_copy(source: str, name: str) -> Path:
+    """The node-local copy of the folder ``source`` (a local path or a URI), as ``<RAOE_NODE_CACHE>/<name>``: made by
+    the first process of the node that asks, under a lock, and found by the others."""
+    target = node_cache_root() / name
+    if (target / COMPLETE).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(target.parent / f"{name}.lock"):
+        if not (target / COMPLETE).exists():
+            _copy_in(source, target)
+    return target
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the process dies: a killed copier never blocks the node
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _copy_in(source: str, target: Path) -> None:
+    """Copy every file of ``source`` into a staging folder beside ``target``, then rename it into place."""
+    staging = target.with_name(f"{target.name}.staging-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    _remove_abandoned(target.parent)
+    place = storage_path(source)
+    names = [name for name, _, _ in files_under(place)]
+    if not names:
+        raise FileNotFoundError(f"nothing to copy to this node under {source}")
+    for name in names:
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    if is_uri(source):
+        place.fs.get([f"{place.path.rstrip('/')}/{name}" for name in names], [str(staging / name) for name in names])
+    else:
+        for name in names:
+            shutil.copyfile(place / name, staging / name)
+    (staging / COMPLETE).write_text(f"{len(names)} files from {source} in {time.time() - started:.1f} s\n")
+    shutil.rmtree(target, ignore_errors=True)  # a copy killed after its rename but before its marker
+    os.rename(staging, target)
+
+
+def _remove_abandoned(root: Path) -> None:
+    """Staging folders of copiers killed long ago (a live copier holds its lock, and finishes long before)."""
+    for staging in root.glob("*.staging-*"):
+        with contextlib.suppress(OSError):
+            if time.time() - staging.stat().st_mtime > ABANDONED_AFTER_S:
+                shutil.rmtree(staging, ignore_errors=True)
