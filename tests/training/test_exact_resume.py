@@ -3,7 +3,8 @@ The run ends on the configured step with the same weights and the same last loss
 gradient accumulation, an epoch whose rows the global batch does not divide (120 rows, 32 per step), resume
 points inside an epoch, and dropout on (masks are drawn from seed, step and chunk), for DDP and
 DeepSpeed. The killed run keeps its checkpoints on object storage (the local S3 endpoint): the restarted workers
-resume from there."""
+resume from there. Its workers also map the corpus from the node's copy of its files on that storage
+(data.node_local), the uninterrupted run's from Ray's object store: the same rows at every step either way."""
 
 import json
 import threading
@@ -64,8 +65,11 @@ def resumed(request, train_env, s3_server):
     killer = _kill_a_worker_after(f"killed-{name}", 5)
     bucket = new_bucket(s3_server, f"exact-resume-{name}")
     killed = run_training(tiny_config(train_env, f"killed-{name}", *COMMON, *extra, "trainer.max_failures=2",
-                                      f"trainer.storage_path={bucket.uri('runs')}"))
+                                      f"trainer.storage_path={bucket.uri('runs')}", "data.node_local=true"))
     assert killed["checkpoint_path"] == bucket.uri(f"runs/killed-{name}")
+    from storage.paths import storage_path
+
+    assert len(list(storage_path(bucket.uri("runs/corpus_files")).glob("*/corpus.json"))) == 1  # node-local files
     killer["thread"].join(timeout=5)
     return reference, killed, killer.get("pid")
 
