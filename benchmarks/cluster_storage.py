@@ -2,6 +2,7 @@
 what the job's driver holds as the corpus grows or goes bad.
 
   python benchmarks/cluster_storage.py [--rows 20000 1000000] [--bad-rows 10000000] [--driver-rows 10000000]
+                                       [--node-local 1000000] [--update]
 
 1. For each ``--rows`` size, synthetic NLI pairs (benchmarks/data_scale.py) train 3 steps of 32 on 2 workers, as a
    user starts the job (``python ray_jobs/stage1.py``, its own local Ray), twice on each storage: ``local`` (corpus,
@@ -13,6 +14,8 @@ what the job's driver holds as the corpus grows or goes bad.
    error naming the count and the first rows, its driver under 500 MB.
 3. ``--driver-rows``: the driver's peak RSS at that many pairs against the smallest ``--rows`` (target: at most
    +300 MB).
+4. ``--node-local``: at that many pairs on local storage, the corpus from Ray's object store against memory-mapped
+   node-local files (data.node_local): first step, step time, the data wait a step, the files' size.
 
 Results: ``benchmarks/results/cluster_storage.{json,md}``. S3 here is a local process: the comparison shows what the
 storage layer costs (requests, uploads, the client), not a cloud store's bandwidth.
@@ -109,11 +112,12 @@ def run_job(data: str, paths: dict[str, str], work: Path, run_name: str, extra_e
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    steps, tail, line_json = [], [], None
+    steps, waits, tail, line_json = [], [], [], None
     for line in proc.stdout:
         tail = (tail + [line])[-60:]
         if re.search(r"\[raoe\] step \d+/", line):
             steps.append(time.perf_counter() - started)
+            waits += [float(w) for w in re.findall(r"data wait ([\d.]+) ms", line)]
         if line.startswith('{"job"'):
             line_json = json.loads(line)
     code = proc.wait()
@@ -127,6 +131,7 @@ def run_job(data: str, paths: dict[str, str], work: Path, run_name: str, extra_e
         return {**out, "error": error[:400]}
     return {**out, "first_step_s": round(steps[0], 1),
             "step_s": round((steps[-1] - steps[0]) / max(1, len(steps) - 1), 2),
+            "data_wait_ms": round(sorted(waits)[len(waits) // 2], 1) if waits else None,
             "corpus_cache": line_json.get("corpus_cache"), "rows_written": line_json.get("rows_written")}
 
 
@@ -169,6 +174,28 @@ def storage_runs(rows_list: list[int]) -> list[dict]:
     return results
 
 
+NODE_LOCAL_RUNS = (("object store", "first", {}), ("object store", "second", {}),
+                   ("node-local files", "first", {"data.node_local": "true"}),
+                   ("node-local files", "second", {"data.node_local": "true"}))
+
+
+def node_local_runs(rows: int) -> list[dict]:
+    """The job on local storage with the corpus in Ray's object store (twice: the second reads the corpus cache), then
+    with data.node_local (the first writes the files and copies them to the node, the second finds both)."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="raoe_storage_") as work:
+        work = Path(work)
+        paths = {"trainer.storage_path": str(work / "runs"), "output_dir": str(work / "models")}
+        for corpus, run, extra in NODE_LOCAL_RUNS:
+            print(f"[bench] {rows} pairs from the {corpus}, {run} run ...", flush=True)
+            out = run_job(str(synthetic_pairs(rows)), {**paths, **extra}, work, f"{corpus}-{run}".replace(" ", "-"),
+                          {"RAOE_NODE_CACHE": str(work / "node")})
+            files = sum(p.stat().st_size for p in (work / "runs" / "corpus_files").rglob("*") if p.is_file())
+            results.append({"rows": rows, "corpus": corpus, "run": run, **out, "files_mb": round(files / 2**20)})
+            print(f"[bench] {results[-1]}", flush=True)
+    return results
+
+
 def render(payload: dict) -> str:
     lines = ["# Cluster storage: everything on object storage against local disk, and the driver's memory", "",
              f"Tiny Stage 1 job (tiny:bert), 2 Ray Train workers, 3 steps of 32, synthetic NLI pairs (~200 bytes "
@@ -179,6 +206,14 @@ def render(payload: dict) -> str:
              "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['rows']:,} | {r['storage']} | {r['run']} | {r['first_step_s']} | {r['step_s']} | {r['job_s']} | "
               f"{r['driver_peak_mb']} | {r['corpus_cache']} |" for r in payload["storage"]]
+    if payload.get("node_local"):
+        lines += ["", "**Node-local corpus files** (`data.node_local`, local storage, the same job): the workers map the "
+                  "corpus from the object store, or from the node's copy of its Arrow files (the first run writes "
+                  "and copies them; the second finds both). Data wait: the median a step waited for its rows.", "",
+                  "| pairs | corpus | run | first step (s) | s a step | data wait (ms) | job (s) | files (MB) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['rows']:,} | {r['corpus']} | {r['run']} | {r['first_step_s']} | {r['step_s']} | "
+                  f"{r['data_wait_ms']} | {r['job_s']} | {r['files_mb']} |" for r in payload["node_local"]]
     if payload.get("bad"):
         bad = payload["bad"]
         base = payload["bad_baseline"]
@@ -204,6 +239,8 @@ def paper(payload: dict) -> str:
     per_row = (d["large_mb"] - d["small_mb"]) * 2**20 / (d["large_rows"] - d["small_rows"])
     corpus = synthetic_pairs(d["large_rows"]).stat().st_size / d["large_rows"]  # bytes a pair as JSON text
     rows, nodes = 100_000_000, 8
+    written = [r for r in payload.get("node_local", []) if r["files_mb"]]
+    files_per_row = written[0]["files_mb"] * 2**20 / written[0]["rows"] if written else 0
     whole_gb = rows * corpus / 1e9
     return "\n".join([
         f"**On paper: {rows // 10**6}M pairs of this size on {nodes} nodes x 8 GPUs.** The corpus is {corpus:.0f} B a "
@@ -215,6 +252,11 @@ def paper(payload: dict) -> str:
         f"corpus, {whole_gb:.0f} GB ({(nodes - 1) / nodes:.0%} of it pulled from the other nodes before the first "
         f"step: {whole_gb * (nodes - 1) / nodes:.0f} GB a node, ~{whole_gb * (nodes - 1) / nodes / 3:.0f} s at "
         f"25 Gbit/s); Ray's default object store (30% of a p4de's 1.1 TB) holds it.",
+        *([f"- With data.node_local: the files measured {files_per_row:.0f} B a pair here, so "
+           f"{files_per_row * rows / 1e9:.0f} GB written once to shared storage by the tasks where the blocks are, "
+           f"and copied once to each node's disk before its workers map it (~{files_per_row * rows / 1e9 / 3:.0f} s "
+           f"at 25 Gbit/s); the object store lets the blocks go once written, and a node's page cache holds what its "
+           f"workers read."] if files_per_row else []),
         f"- Driver: {per_row:+.0f} B a row measured here (it holds references and counts: the content order is hashed "
         f"and sorted by Ray tasks), so about {per_row * rows / 2**30:+.1f} GB over its ~{d['small_mb']} MB at 100M "
         f"pairs; the row order itself (8 B a row, {8 * rows / 1e9:.1f} GB) is in the object store of the node that "
@@ -237,13 +279,17 @@ def _merged(recorded: dict, measured: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, nargs="+", default=[20_000, 1_000_000])
+    parser.add_argument("--rows", type=int, nargs="*", default=[20_000, 1_000_000])
     parser.add_argument("--bad-rows", type=int, default=10_000_000)
     parser.add_argument("--driver-rows", type=int, default=10_000_000)
+    parser.add_argument("--node-local", type=int, default=1_000_000,
+                        help="pairs of the object store vs node-local files comparison (0: skip it)")
     parser.add_argument("--update", action="store_true",
                         help="keep the recorded results of what this call does not measure (sizes, sections)")
     args = parser.parse_args()
     payload = {"machine": machine(), "storage": storage_runs(args.rows)}
+    if args.node_local:
+        payload["node_local"] = node_local_runs(args.node_local)
     recorded = _recorded() if args.update else {}
     with tempfile.TemporaryDirectory(prefix="raoe_storage_") as work:
         work = Path(work)
