@@ -17,6 +17,7 @@ one trains, and counts the time the loop still waited for them (``data_wait_s``)
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -62,31 +63,53 @@ MANIFEST, ORDER_FILE = "corpus.json", "order.npy"
 
 def write_files(corpus: CorpusBlocks, folder: str) -> CorpusBlocks:
     """The corpus as files under ``folder`` (shared storage: a URI or a mount every node sees), for workers that map
-    it from their node's disk instead of the object store (data.node_local): one uncompressed Arrow IPC file a block,
-    written by a Ray task where the block is, the order as ``order.npy``, and a manifest written last. A folder whose
+    it from their node's disk instead of the object store (data.node_local). Each write is an attempt folder of its
+    own: one uncompressed Arrow IPC file a block, written by a Ray task where the block is, the order as
+    ``order.npy`` and the attempt's manifest; then ``<folder>/corpus.json`` names the committed attempt (written last,
+    whole: two runs writing the same corpus at once, a sweep's trials, never mix their files). A folder whose
     manifest has this fingerprint already holds these rows (in its own block split and order) and is used as it is.
     The result holds no object references, so the object store can let the blocks go."""
     import json
+    import uuid
 
     import ray
 
-    from storage.paths import join, storage_path, writable_path
+    from storage.paths import join, storage_path
 
-    manifest = storage_path(join(folder, MANIFEST))
-    if manifest.exists():
-        held = json.loads(manifest.read_text())
+    pointer = storage_path(join(folder, MANIFEST))
+    if pointer.exists():
+        held = json.loads(pointer.read_text())
         if held.get("fingerprint") == corpus.fingerprint and held.get("rows") == corpus.rows:
-            return CorpusBlocks(blocks=(), order=None, rows=corpus.rows, fingerprint=corpus.fingerprint, files=folder)
+            return _on_files(corpus, join(folder, held["attempt"]))
+    attempt = f"attempt-{uuid.uuid4().hex[:12]}"
     names = [f"block-{i:06d}.arrow" for i in range(len(corpus.blocks))]
     task = ray.remote(num_cpus=1, scheduling_strategy="DEFAULT")  # DEFAULT: not in a Tune trial's placement group
-    written = ray.get([task(_write_block).remote(block, join(folder, name))
+    written = ray.get([task(_write_block).remote(block, join(folder, attempt, name))
                        for block, name in zip(corpus.blocks, names)]
-                      + [task(_write_order).remote(corpus.order, join(folder, ORDER_FILE))])
+                      + [task(_write_order).remote(corpus.order, join(folder, attempt, ORDER_FILE))])
     if sum(written[:-1]) != corpus.rows or written[-1] != corpus.rows:
         raise RuntimeError(f"writing the corpus files under {folder} gave {written} rows of {corpus.rows}")
-    writable_path(join(folder, MANIFEST)).write_text(json.dumps(
-        {"fingerprint": corpus.fingerprint, "rows": corpus.rows, "blocks": names, "order": ORDER_FILE}))
-    return CorpusBlocks(blocks=(), order=None, rows=corpus.rows, fingerprint=corpus.fingerprint, files=folder)
+    manifest = {"fingerprint": corpus.fingerprint, "rows": corpus.rows, "blocks": names, "order": ORDER_FILE}
+    _write_whole(join(folder, attempt, MANIFEST), json.dumps(manifest))
+    _write_whole(join(folder, MANIFEST), json.dumps({**manifest, "attempt": attempt}))
+    return _on_files(corpus, join(folder, attempt))
+
+
+def _on_files(corpus: CorpusBlocks, attempt: str) -> CorpusBlocks:
+    return CorpusBlocks(blocks=(), order=None, rows=corpus.rows, fingerprint=corpus.fingerprint, files=attempt)
+
+
+def _write_whole(uri: str, text: str) -> None:
+    """A small file a reader sees whole or not at all: an object store's put; a rename on a file system."""
+    from storage.paths import is_uri, writable_path
+
+    target = writable_path(uri)
+    if is_uri(uri):
+        target.write_text(text)
+        return
+    staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    staging.write_text(text)
+    os.replace(staging, target)
 
 
 def _write_block(table, uri: str) -> int:

@@ -138,6 +138,20 @@ def test_node_local_files_give_the_rows_the_object_store_gives_and_are_written_o
     again = training.rows.write_files(_corpus(list(reversed(ROWS)), 5), folder)
     assert again == on_files
     assert CorpusRows(again).take(index)["text"].tolist() == want["text"].tolist()
+    monkeypatch.undo()
+
+    # two runs writing the same corpus at once (a sweep's trials): each its own attempt, neither file mixed
+    monkeypatch.setenv("RAOE_NODE_CACHE", str(tmp_path / "node-2"))
+    shared, results = str(tmp_path / "shared"), []
+    writers = [threading.Thread(target=lambda c=c: results.append(training.rows.write_files(c, shared)))
+               for c in (_corpus(ROWS, 2), _corpus(ROWS, 4))]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    assert len(results) == 2 and all(r.files.startswith(shared) for r in results)
+    for result in results:
+        assert CorpusRows(result).take(index)["text"].tolist() == want["text"].tolist()
 
 
 def test_a_node_copies_a_folder_once_whoever_asks_at_the_same_time(tmp_path, monkeypatch):
