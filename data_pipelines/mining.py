@@ -134,7 +134,8 @@ class NegativeMiner:
         self.s = settings
         self.model = load_encoder(settings.model_path, device=device)
         self.teacher = load_encoder(settings.teacher_path, device=device) if settings.teacher_path else None
-        self.index = CorpusIndex(Path(settings.index_path))  # texts looked up per batch, never held whole
+        self.index = CorpusIndex.at(settings.index_path)  # texts looked up per batch, never held whole; on object
+        # storage from this node's copy, made once per node
 
     def _embed(self, model, texts: list[str]) -> np.ndarray:
         from encoders.backbone import inference_embeddings

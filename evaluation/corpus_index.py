@@ -10,7 +10,11 @@ share the pages. A second evaluation or a promotion of the same model on the sam
 encoding again.
 
 Reading to writing runs in Ray Data: the actors encode and write the shards; the driver only sees shard names.
-On a cluster of several nodes put ``RAOE_CACHE`` on storage every node sees (the writers run anywhere)."""
+The cache is ``RAOE_INDEX_CACHE`` when set (a shared folder, or an object-store URI such as ``s3://bucket/indexes``),
+else ``RAOE_CACHE/corpus-embeddings``. On object storage the actors write the shards straight into the index's folder
+and ``meta.json``, written last, commits it; each node that searches an index copies it once to its own disk
+(storage.node_cache) and maps that copy. On a cluster of several nodes give it a URI or a shared folder (the writers
+run anywhere)."""
 
 from __future__ import annotations
 
@@ -28,18 +32,36 @@ import numpy as np
 
 from encoders.cache import building, cache_root
 from encoders.devices import EncoderPool, pool_resources
-from storage.paths import ABANDONED_AFTER_S, storage_path
+from storage.node_cache import node_copy
+from storage.paths import ABANDONED_AFTER_S, files_under, is_uri, join, remove_tree, storage_path, writable_path
 
 SHARD_ROWS = 16384  # rows per shard file: the chunk of one search step
 INDEX_FORMAT = 2  # in the cache key: 1 kept ids and texts in parquet, read whole
 LAST_USED = "last_used"  # touched in an index's folder each time a job builds or reads it: least recently used goes first
 MAX_GB_ENV = "RAOE_INDEX_CACHE_MAX_GB"  # the corpus-index cache's size limit (unset: none), as data.cache_max_gb
 IN_USE_S = 3600  # an index used this recently may still be searched by another job: never evicted
+INDEX_CACHE_ENV = "RAOE_INDEX_CACHE"  # the corpus-index cache: a path or an object-store URI
+
+
+def index_root() -> str:
+    """Where corpus indexes are kept: RAOE_INDEX_CACHE, else RAOE_CACHE/corpus-embeddings."""
+    return os.environ.get(INDEX_CACHE_ENV) or str(cache_root() / "corpus-embeddings")
 
 
 @dataclass(frozen=True)
 class CorpusIndex:
-    path: Path
+    path: Path  # the folder read here: the index itself, or this node's copy of an index on object storage
+    location: str = ""  # where the index is kept (a URI for one on object storage): what other nodes open
+
+    @classmethod
+    def at(cls, location: str) -> "CorpusIndex":
+        """The index kept at ``location``: the folder itself, or (on object storage) this node's copy of it, made
+        once per node and named by the index's meta.json (a rebuilt index is copied again)."""
+        if not is_uri(location):
+            return cls(Path(location), location)
+        meta = storage_path(join(location, "meta.json")).read_text()
+        name = f"index-{location.rstrip('/').rsplit('/', 1)[-1]}-{hashlib.sha1(meta.encode()).hexdigest()[:10]}"
+        return cls(node_copy(location, name), location)
 
     @cached_property
     def meta(self) -> dict:  # read once: every shard pass and row count consults it
@@ -92,7 +114,7 @@ class CorpusIndex:
 def index_outputs() -> dict[str, str]:
     """Where the encoder actors write corpus indexes, for a job's check that every node reaches it
     (runtime.local_ray.refuse_node_local_outputs)."""
-    return {"RAOE_CACHE (corpus indexes)": str(cache_root())}
+    return {f"{INDEX_CACHE_ENV} (corpus indexes)": index_root()}
 
 
 def model_fingerprint(model_path: str) -> str:
@@ -124,54 +146,104 @@ def corpus_index(corpus, model_path: str, corpus_key: str, *, pool: EncoderPool,
                  keep_text: bool = False, root: str | Path | None = None) -> CorpusIndex:
     """The index of ``corpus`` (a Ray Dataset of ``id``, ``text``) under ``model_path``: read from the cache, or
     built by the actor pool and cached."""
-    target = Path(root or cache_root() / "corpus-embeddings") / index_key(model_path, corpus_key, keep_text)
+    root = str(root or index_root())
+    key = index_key(model_path, corpus_key, keep_text)
+    index = _on_object_storage(corpus, model_path, corpus_key, join(root, key), pool, batch_size, keep_text) \
+        if is_uri(root) else _on_file_system(corpus, model_path, corpus_key, Path(root) / key, pool, batch_size,
+                                             keep_text)
+    limit = os.environ.get(MAX_GB_ENV)
+    if limit and index.built:
+        removed = evict_least_recent(root, float(limit), keep=key)
+        if removed:
+            print(f"[raoe] corpus-index cache {root}: removed {', '.join(removed)}", flush=True)
+    return index.index
+
+
+@dataclass(frozen=True)
+class _Found:
+    index: CorpusIndex
+    built: bool  # by this call (the only time the cache grows)
+
+
+def _on_file_system(corpus, model_path: str, corpus_key: str, target: Path, pool: EncoderPool, batch_size: int,
+                    keep_text: bool) -> _Found:
+    """A local or shared folder: built in a staging folder renamed into place (a finished index wins)."""
     if target.exists():
         problem = index_problem(target)
         if problem is None:
             print(f"corpus embeddings from the cache: {target}", flush=True)
-            (target / LAST_USED).touch()
-            return CorpusIndex(target)
+            _record_use(str(target))
+            return _Found(CorpusIndex.at(str(target)), built=False)
         print(f"[raoe] cached corpus embeddings {target} ignored and built again: {problem}", flush=True)
         shutil.rmtree(target, ignore_errors=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_builds(target.parent)
     with building(target) as staging:
-        shards = _encode_into(corpus, model_path, staging, pool=pool, batch_size=batch_size, keep_text=keep_text)
-        dims = {int(s["dim"]) for s in shards}
-        (staging / "meta.json").write_text(json.dumps({
-            "model_path": model_path, "corpus": corpus_key, "rows": int(sum(s["rows"] for s in shards)),
-            "dim": dims.pop() if dims else 0, "shards": [s["shard"] for s in shards], "text": keep_text}))
-        (staging / LAST_USED).touch()
-    limit = os.environ.get(MAX_GB_ENV)
-    if limit:
-        removed = evict_least_recent(target.parent, float(limit), keep=target.name)
-        if removed:
-            print(f"[raoe] corpus-index cache {target.parent}: removed {', '.join(removed)}", flush=True)
-    return CorpusIndex(target)
+        _write_index(corpus, model_path, corpus_key, str(staging), pool, batch_size, keep_text)
+    return _Found(CorpusIndex.at(str(target)), built=True)
 
 
-def evict_least_recent(root: Path, max_gb: float, keep: str, now: float | None = None) -> list[str]:
-    """Whole indexes, least recently used first, until the cache fits under ``max_gb`` (after a build: the only time
-    it grows); never ``keep`` (the one just built), a build in progress, or an index used within IN_USE_S (another
-    job may be searching it). Returns what was removed."""
+def _on_object_storage(corpus, model_path: str, corpus_key: str, target: str, pool: EncoderPool, batch_size: int,
+                       keep_text: bool) -> _Found:
+    """An object-store prefix (no rename there): the actors write uniquely named shards into it and meta.json,
+    written last, commits the index; a build racing another commits its own shards, never a mix. Checked whole on
+    this node's copy; one that lost a file is built again."""
+    if storage_path(join(target, "meta.json")).exists():
+        index = CorpusIndex.at(target)
+        problem = index_problem(index.path)
+        if problem is None:
+            print(f"corpus embeddings from the cache: {target} (this node's copy: {index.path})", flush=True)
+            _record_use(target)
+            return _Found(index, built=False)
+        print(f"[raoe] cached corpus embeddings {target} ignored and built again: {problem}", flush=True)
+        remove_tree(storage_path(target))
+        shutil.rmtree(index.path, ignore_errors=True)
+    _write_index(corpus, model_path, corpus_key, target, pool, batch_size, keep_text)
+    return _Found(CorpusIndex.at(target), built=True)
+
+
+def _write_index(corpus, model_path: str, corpus_key: str, folder: str, pool: EncoderPool, batch_size: int,
+                 keep_text: bool) -> None:
+    """The shards (by the actor pool), then meta.json naming them, then the record of its use."""
+    shards = _encode_into(corpus, model_path, folder, pool=pool, batch_size=batch_size, keep_text=keep_text)
+    dims = {int(s["dim"]) for s in shards}
+    writable_path(join(folder, "meta.json")).write_text(json.dumps({
+        "model_path": model_path, "corpus": corpus_key, "rows": int(sum(s["rows"] for s in shards)),
+        "dim": dims.pop() if dims else 0, "shards": [s["shard"] for s in shards], "text": keep_text}))
+    _record_use(folder)
+
+
+def _record_use(folder: str) -> None:
+    """The index's last use, as the modification time of its LAST_USED file (an object's on object storage)."""
     import time
 
-    now, sizes, used = time.time() if now is None else now, {}, {}
-    for folder in root.iterdir():
-        if not folder.is_dir() or folder.name.startswith("."):  # staging folders of builds in progress
+    writable_path(join(folder, LAST_USED)).write_text(f"{time.time():.0f}\n")
+
+
+def evict_least_recent(root: str | Path, max_gb: float, keep: str, now: float | None = None) -> list[str]:
+    """Whole indexes, least recently used first, until the cache fits under ``max_gb`` (after a build: the only time
+    it grows); never ``keep`` (the one just built), a build in progress, or an index used within IN_USE_S (another
+    job may be searching it). One listing of the cache (a local folder or an object-store prefix). Returns what was
+    removed."""
+    import time
+
+    now, sizes, marked, newest = time.time() if now is None else now, {}, {}, {}
+    for name, size, mtime in files_under(storage_path(root)):
+        index, _, rest = name.partition("/")
+        if not rest or index.startswith("."):  # a loose file, or the staging folder of a build in progress
             continue
-        files = [p for p in folder.rglob("*") if p.is_file()]
-        sizes[folder.name] = sum(p.stat().st_size for p in files)
-        marker = folder / LAST_USED
-        used[folder.name] = marker.stat().st_mtime if marker.exists() else max(
-            [p.stat().st_mtime for p in files] + [folder.stat().st_mtime])
+        sizes[index] = sizes.get(index, 0) + size
+        newest[index] = max(newest.get(index, 0.0), mtime)
+        if rest == LAST_USED:
+            marked[index] = mtime
+    used = {index: marked.get(index, newest[index]) for index in sizes}  # the recorded use, else the files' times
     total, removed = sum(sizes.values()), []
     for name in sorted(sizes, key=used.get):
         if total <= max_gb * 1e9:
             break
         if name == keep or now - used[name] < IN_USE_S:
             continue
-        shutil.rmtree(root / name, ignore_errors=True)
+        remove_tree(storage_path(join(str(root), name)))
         total -= sizes[name]
         removed.append(f"{name} ({sizes[name] / 1e9:.3f} GB, least recently used; {MAX_GB_ENV}={max_gb:g})")
     return removed
@@ -210,7 +282,7 @@ def remove_stale_builds(root: Path, now: float | None = None) -> list[str]:
     return removed
 
 
-def _encode_into(corpus, model_path: str, folder: Path, *, pool: EncoderPool, batch_size: int,
+def _encode_into(corpus, model_path: str, folder: str, *, pool: EncoderPool, batch_size: int,
                  keep_text: bool) -> list[dict]:
     """The corpus materialised first, then straight into the actor pool, each actor writing the shards it encodes:
     no task after the actors that would need a CPU they hold (Ray Data would wait forever on a full node)."""
@@ -219,7 +291,7 @@ def _encode_into(corpus, model_path: str, folder: Path, *, pool: EncoderPool, ba
     written = corpus.materialize().map_batches(
         ShardWriter, batch_size=SHARD_ROWS, compute=ray.data.ActorPoolStrategy(size=pool.actors),
         fn_constructor_kwargs={"model_path": model_path, "batch_size": batch_size, "gpus": pool.gpus_per_actor,
-                               "keep_text": keep_text, "folder": str(folder)},
+                               "keep_text": keep_text, "folder": folder},
         **pool_resources(pool.cpus_per_actor, pool.gpus_per_actor))
     return sorted(written.take_all(), key=lambda s: s["shard"])
 
@@ -243,11 +315,12 @@ def write_shard(batch: dict[str, np.ndarray], folder: str) -> dict[str, list]:
 
     name = uuid.uuid4().hex
     emb = np.ascontiguousarray(batch["embedding"], dtype=np.float32)
-    np.save(os.path.join(folder, f"{name}.npy"), emb)
+    with writable_path(join(folder, f"{name}.npy")).open("wb") as sink:  # a local folder or an object store
+        np.save(sink, emb)
     columns = {"id": pa.array([str(i) for i in batch["id"]], pa.large_string())}
     if "text" in batch:
         columns["text"] = pa.array([str(t) for t in batch["text"]], pa.large_string())
     table = pa.table(columns)
-    with pa.OSFile(os.path.join(folder, f"{name}.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
+    with writable_path(join(folder, f"{name}.arrow")).open("wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
         out.write_table(table)
     return {"shard": [name], "rows": [len(emb)], "dim": [emb.shape[1] if emb.ndim == 2 else 0]}

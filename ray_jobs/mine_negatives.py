@@ -95,7 +95,7 @@ def main(cfg: MineJobConfig) -> dict:
                              keep_text=True)
         print(f"[raoe] mining negatives for {report.rows_written} rows against {index.rows} corpus texts "
               f"(top {cfg.mining.top_k}, {cfg.mining.margin_type} margin {cfg.mining.margin}) ...", flush=True)
-        settings = MiningSettings(model_path, str(index.path), cfg.mining.top_k, cfg.mining.margin,
+        settings = MiningSettings(model_path, index.location, cfg.mining.top_k, cfg.mining.margin,
                                   cfg.mining.margin_type, cfg.mining.negatives_per_row, teacher_path,
                                   cfg.mining.batch_size, cfg.gpus_per_actor)
         mined = mine(pairs, index, settings, pool, cfg.mining.queries_per_batch)
@@ -110,7 +110,7 @@ def main(cfg: MineJobConfig) -> dict:
         staged.publish()
         result = {"output_path": out, "rows_in": report.rows_in, "rows_quarantined": report.rows_quarantined,
                   **{k: v for k, v in counts.items() if k != "histogram"}, "corpus_rows": index.rows,
-                  "index_path": str(index.path), "seconds": seconds, "pairs_per_second": counts["pairs_in"] / seconds,
+                  "index_path": index.location, "seconds": seconds, "pairs_per_second": counts["pairs_in"] / seconds,
                   "histogram": counts["histogram"], "plot": staged.final(picture)}
         with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
             mlflow.log_params({"data.train": cfg.data.train, **{f"mining.{k}": str(v)[:500]

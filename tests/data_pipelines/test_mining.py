@@ -104,7 +104,8 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
 def test_nli_pairs_mine_among_their_entailments_and_train_as_mined_triplets(ray_local, tmp_path, monkeypatch, s3):
     """Labelled NLI pairs: only entailment pairs are (query, positive); the default corpus is their positives; an
     absolute margin; the rows, written by the tasks to object storage (the local S3 endpoint), equal the brute-force
-    reference and read back from there as the mined-triplets kind."""
+    reference and read back from there as the mined-triplets kind. The corpus index is kept on that storage too
+    (RAOE_INDEX_CACHE): the mining actors search their node's copy of it."""
     from data_pipelines.readers import load_corpus
     from encoders.sources import resolve_model_source
     from storage.paths import storage_path
@@ -112,6 +113,8 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_mined_triplets(ray_
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RAOE_INDEX_CACHE", s3.uri("indexes"))
+    monkeypatch.setenv("RAOE_NODE_CACHE", str(tmp_path / "node"))
     job = _mine_job()
     source = ROOT / "configs" / "tiny" / "data" / "nli_pairs.jsonl"
     rows = [json.loads(line) for line in open(source)]
@@ -126,6 +129,7 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_mined_triplets(ray_
     assert result["rows_in"] == len(rows) and result["pairs_in"] == len(entailed)
     assert result["corpus_rows"] == len({p for _, p in entailed})
     assert result["output_path"] == s3.uri("mined") and result["plot"] == s3.uri("mined-scores.png")
+    assert result["index_path"].startswith(s3.uri("indexes/")) and len(list((tmp_path / "node").glob("index-*/"))) == 1
     assert storage_path(result["plot"]).read_bytes().startswith(b"\x89PNG")
     ds, report = load_corpus("triplets", result["output_path"], fmt="triplets_jsonl")
     mined = ds.take_all()

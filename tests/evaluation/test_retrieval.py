@@ -308,3 +308,56 @@ def test_the_index_cache_keeps_under_its_limit_by_least_recent_use(tmp_path):
     assert [r.split()[0] for r in removed] == ["older", "old"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".built.1-ab.tmp", "built", "recent"]
     assert evict_least_recent(tmp_path, max_gb=500e-9, keep="built", now=now) == []  # the rest is in use
+
+
+def test_an_index_cache_on_object_storage_gives_the_evaluator_numbers_and_each_node_copies_it_once(tmp_path, monkeypatch,
+                                                                                               ray_local, s3):
+    """RAOE_INDEX_CACHE on object storage (the local S3 endpoint): the actors write the shards there and meta.json
+    commits them; the search maps this node's copy of the index, made once. The metrics are sentence-transformers'
+    (as for a local cache, above); a second evaluation reads the index (nothing written again) from the same copy."""
+    from encoders.backbone import build_encoder, export_encoder
+    from encoders.devices import EncoderPool
+    from encoders.sources import resolve_model_source
+    from evaluation import corpus_index as index_module
+    from evaluation.retrieval_suite import evaluate_retrieval
+    from jobconfig.schema import RetrievalTaskConfig
+    from storage.paths import files_under, storage_path
+
+    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RAOE_NODE_CACHE", str(tmp_path / "node"))
+    monkeypatch.setattr(index_module, "SHARD_ROWS", 16)
+    folder, corpus, queries, qrels = _random_beir(tmp_path, np.random.default_rng(5))
+    model = str(export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "model"))
+    tasks = [RetrievalTaskConfig.model_validate(str(folder))]
+    monkeypatch.setenv("RAOE_INDEX_CACHE", s3.uri("indexes"))
+    on_s3 = evaluate_retrieval(model, tasks, pool=EncoderPool(), batch_size=8)["beir-tiny"]
+    reference = _st_reference(model, corpus, queries, qrels)
+    for metric in ("ndcg@10", "mrr@10", "recall@10", "recall@100", "map@100"):
+        assert on_s3[metric] == pytest.approx(reference[f"t_cosine_{metric}"], abs=1e-4), metric
+    assert not (tmp_path / "cache" / "corpus-embeddings").exists()  # nothing in the local cache
+    stored = sorted(files_under(storage_path(s3.uri("indexes"))))
+    meta = json.loads(storage_path(s3.uri(f"indexes/{stored[0][0].split('/')[0]}/meta.json")).read_text())
+    assert len(meta["shards"]) >= 4 and {name.split("/")[0] for name, _, _ in stored} == {stored[0][0].split("/")[0]}
+    assert evaluate_retrieval(model, tasks, pool=EncoderPool(), batch_size=8)["beir-tiny"] == on_s3
+    again = sorted(files_under(storage_path(s3.uri("indexes"))))
+    assert [f for f in again if not f[0].endswith("last_used")] == [f for f in stored if not f[0].endswith(
+        "last_used")]  # read, not built again
+    copies = [p for p in (tmp_path / "node").iterdir() if p.is_dir()]
+    assert len(copies) == 1 and copies[0].name.startswith("index-")
+
+
+def test_the_index_cache_on_object_storage_keeps_under_its_limit_by_least_recent_use(s3):
+    """The same least-recent-use rule over an object-store prefix, from one listing."""
+    import time
+
+    from evaluation.corpus_index import LAST_USED, evict_least_recent
+    from storage.paths import storage_path
+
+    root = s3.uri("evict")
+    for name in ("older", "old", "built"):
+        storage_path(f"{root}/{name}/0.npy").write_bytes(b"x" * 1000)
+        storage_path(f"{root}/{name}/{LAST_USED}").write_text("used\n")
+        time.sleep(1.1)  # an object's time is its upload's, to the second
+    removed = evict_least_recent(root, max_gb=1500e-9, keep="built", now=time.time() + 7200)
+    assert [r.split()[0] for r in removed] == ["older", "old"]
+    assert sorted(p.name for p in storage_path(root).iterdir()) == ["built"]
