@@ -61,7 +61,9 @@ class CorpusIndex:
             return cls(Path(location), location)
         meta = storage_path(join(location, "meta.json")).read_text()
         name = f"index-{location.rstrip('/').rsplit('/', 1)[-1]}-{hashlib.sha1(meta.encode()).hexdigest()[:10]}"
-        return cls(node_copy(location, name), location)
+        shards = [f"{shard}.{ext}" for shard in json.loads(meta)["shards"] for ext in ("npy", "arrow")]
+        # the shards this meta.json names and the meta.json read here: never another build's files or meta
+        return cls(node_copy(location, name, files=shards, contents={"meta.json": meta}), location)
 
     @cached_property
     def meta(self) -> dict:  # read once: every shard pass and row count consults it
@@ -189,15 +191,19 @@ def _on_object_storage(corpus, model_path: str, corpus_key: str, target: str, po
     written last, commits the index; a build racing another commits its own shards, never a mix. Checked whole on
     this node's copy; one that lost a file is built again."""
     if storage_path(join(target, "meta.json")).exists():
-        index = CorpusIndex.at(target)
-        problem = index_problem(index.path)
+        _record_use(target)  # first: no job's eviction takes it while this node copies it
+        try:
+            index = CorpusIndex.at(target)
+            problem = index_problem(index.path)
+        except (OSError, ValueError, KeyError) as exc:  # a shard meta.json names is gone
+            index, problem = None, f"it cannot be copied ({type(exc).__name__}: {exc})"
         if problem is None:
             print(f"corpus embeddings from the cache: {target} (this node's copy: {index.path})", flush=True)
-            _record_use(target)
             return _Found(index, built=False)
         print(f"[raoe] cached corpus embeddings {target} ignored and built again: {problem}", flush=True)
-        remove_tree(storage_path(target))
-        shutil.rmtree(index.path, ignore_errors=True)
+        remove_tree(storage_path(target))  # its meta.json names what is not there: no job can search it
+        if index is not None:
+            shutil.rmtree(index.path, ignore_errors=True)
     _write_index(corpus, model_path, corpus_key, target, pool, batch_size, keep_text)
     return _Found(CorpusIndex.at(target), built=True)
 
@@ -227,7 +233,7 @@ def evict_least_recent(root: str | Path, max_gb: float, keep: str, now: float | 
     removed."""
     import time
 
-    now, sizes, marked, newest = time.time() if now is None else now, {}, {}, {}
+    now, sizes, marked, newest, whole = time.time() if now is None else now, {}, {}, {}, set()
     for name, size, mtime in files_under(storage_path(root)):
         index, _, rest = name.partition("/")
         if not rest or index.startswith("."):  # a loose file, or the staging folder of a build in progress
@@ -236,6 +242,11 @@ def evict_least_recent(root: str | Path, max_gb: float, keep: str, now: float | 
         newest[index] = max(newest.get(index, 0.0), mtime)
         if rest == LAST_USED:
             marked[index] = mtime
+        elif rest == "meta.json":
+            whole.add(index)
+    # Only committed indexes: a folder without meta.json is a build in progress (on object storage the shards are
+    # written in place) or not an index at all.
+    sizes = {index: size for index, size in sizes.items() if index in whole}
     used = {index: marked.get(index, newest[index]) for index in sizes}  # the recorded use, else the files' times
     total, removed = sum(sizes.values()), []
     for name in sorted(sizes, key=used.get):

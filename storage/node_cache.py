@@ -25,16 +25,18 @@ def node_cache_root() -> Path:
     return Path(os.environ.get("RAOE_NODE_CACHE", "~/.cache/raoe/node")).expanduser()
 
 
-def node_copy(source: str, name: str) -> Path:
+def node_copy(source: str, name: str, files: list[str] | None = None, contents: dict[str, str] | None = None) -> Path:
     """The node-local copy of the folder ``source`` (a local path or a URI), as ``<RAOE_NODE_CACHE>/<name>``: made by
-    the first process of the node that asks, under a lock, and found by the others."""
+    the first process of the node that asks, under a lock, and found by the others. ``files``: only these (relative
+    names), not all the folder holds; ``contents``: files written with this text instead of copied (what the caller
+    already read, so the copy holds exactly what it named)."""
     target = node_cache_root() / name
     if (target / COMPLETE).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target.parent / f"{name}.lock"):
         if not (target / COMPLETE).exists():
-            _copy_in(source, target)
+            _copy_in(source, target, files, contents or {})
     return target
 
 
@@ -48,14 +50,17 @@ def _locked(path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _copy_in(source: str, target: Path) -> None:
-    """Copy every file of ``source`` into a staging folder beside ``target``, then rename it into place."""
-    staging = target.with_name(f"{target.name}.staging-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
+def _copy_in(source: str, target: Path, files: list[str] | None, contents: dict[str, str]) -> None:
+    """Copy the files of ``source`` into a staging folder beside ``target``, then rename it into place. Called under
+    the name's lock: any staging folder of the name is a killed copier's."""
+    for leftover in target.parent.glob(f"{target.name}.staging-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
     _remove_abandoned(target.parent)
+    staging = target.with_name(f"{target.name}.staging-{os.getpid()}")
     place = storage_path(source)
-    names = [name for name, _, _ in files_under(place)]
-    if not names:
+    names = [name for name, _, _ in files_under(place)] if files is None else list(files)
+    names = [name for name in names if name not in contents]
+    if not names and not contents:
         raise FileNotFoundError(f"nothing to copy to this node under {source}")
     for name in names:
         (staging / name).parent.mkdir(parents=True, exist_ok=True)
@@ -65,13 +70,17 @@ def _copy_in(source: str, target: Path) -> None:
     else:
         for name in names:
             shutil.copyfile(place / name, staging / name)
+    for name, text in contents.items():
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+        (staging / name).write_text(text)
     (staging / COMPLETE).write_text(f"{len(names)} files from {source} in {time.time() - started:.1f} s\n")
-    shutil.rmtree(target, ignore_errors=True)  # a copy killed after its rename but before its marker
+    shutil.rmtree(target, ignore_errors=True)  # a folder of the name without its marker: not a whole copy
     os.rename(staging, target)
 
 
 def _remove_abandoned(root: Path) -> None:
-    """Staging folders of copiers killed long ago (a live copier holds its lock, and finishes long before)."""
+    """Staging folders of other names' copiers killed long ago (a live copier holds its lock, and finishes long
+    before)."""
     for staging in root.glob("*.staging-*"):
         with contextlib.suppress(OSError):
             if time.time() - staging.stat().st_mtime > ABANDONED_AFTER_S:

@@ -1,7 +1,9 @@
 """Test-wide settings: offline hub, no telemetry, loopback-only Ray, a private model cache per session."""
 
+import atexit
 import contextlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -42,7 +44,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # DeepSpeed compiles a CPU op (25-80 s here) into this folder when it starts on CPU, and rebuilds it when the folder
 # changes or was built from another checkout's paths: one folder for the whole session, per checkout (git ignores it).
 # data.node_local's per-node copies (a node's own disk; storage/node_cache.py), fresh for each session
-os.environ.setdefault("RAOE_NODE_CACHE", tempfile.mkdtemp(prefix="raoe-node-cache-"))
+if "RAOE_NODE_CACHE" not in os.environ:
+    os.environ["RAOE_NODE_CACHE"] = tempfile.mkdtemp(prefix="raoe-node-cache-")
+    atexit.register(shutil.rmtree, os.environ["RAOE_NODE_CACHE"], ignore_errors=True)
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
 DEV_DATA = Path(os.environ.get("RAOE_DEV_DATA", ROOT.parent / "shared" / "data"))
 

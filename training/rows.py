@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -70,7 +71,6 @@ def write_files(corpus: CorpusBlocks, folder: str) -> CorpusBlocks:
     manifest has this fingerprint already holds these rows (in its own block split and order) and is used as it is.
     The result holds no object references, so the object store can let the blocks go."""
     import json
-    import uuid
 
     import ray
 
@@ -79,14 +79,18 @@ def write_files(corpus: CorpusBlocks, folder: str) -> CorpusBlocks:
     pointer = storage_path(join(folder, MANIFEST))
     if pointer.exists():
         held = json.loads(pointer.read_text())
-        if held.get("fingerprint") == corpus.fingerprint and held.get("rows") == corpus.rows:
-            return _on_files(corpus, join(folder, held["attempt"]))
+        done = held.get("attempt")
+        if (held.get("fingerprint") == corpus.fingerprint and held.get("rows") == corpus.rows and done
+                and storage_path(join(folder, done, MANIFEST)).exists()):  # and not removed by hand since
+            return _on_files(corpus, join(folder, done))
     attempt = f"attempt-{uuid.uuid4().hex[:12]}"
     names = [f"block-{i:06d}.arrow" for i in range(len(corpus.blocks))]
-    task = ray.remote(num_cpus=1, scheduling_strategy="DEFAULT")  # DEFAULT: not in a Tune trial's placement group
-    written = ray.get([task(_write_block).remote(block, join(folder, attempt, name))
+    # DEFAULT: not in a Tune trial's placement group
+    write_block, write_order = (ray.remote(num_cpus=1, scheduling_strategy="DEFAULT")(f)
+                                for f in (_write_block, _write_order))
+    written = ray.get([write_block.remote(block, join(folder, attempt, name))
                        for block, name in zip(corpus.blocks, names)]
-                      + [task(_write_order).remote(corpus.order, join(folder, attempt, ORDER_FILE))])
+                      + [write_order.remote(corpus.order, join(folder, attempt, ORDER_FILE))])
     if sum(written[:-1]) != corpus.rows or written[-1] != corpus.rows:
         raise RuntimeError(f"writing the corpus files under {folder} gave {written} rows of {corpus.rows}")
     manifest = {"fingerprint": corpus.fingerprint, "rows": corpus.rows, "blocks": names, "order": ORDER_FILE}
@@ -107,8 +111,8 @@ def _write_whole(uri: str, text: str) -> None:
     if is_uri(uri):
         target.write_text(text)
         return
-    staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    staging.write_text(text)
+    staging = target.with_name(f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")  # threads share a pid,
+    staging.write_text(text)  # and nodes of a shared file system may too
     os.replace(staging, target)
 
 
@@ -215,7 +219,7 @@ def _mapped_files(corpus: CorpusBlocks) -> tuple[list, np.ndarray]:
 
     from storage.node_cache import node_copy
 
-    local = node_copy(corpus.files, f"corpus-{corpus.fingerprint}")
+    local = node_copy(corpus.files, f"corpus-{corpus.files.rstrip('/').split('/')[-2]}")  # <fingerprint>-<columns>
     manifest = json.loads((local / MANIFEST).read_text())
     tables = [pa.ipc.open_file(pa.memory_map(str(local / name))).read_all() for name in manifest["blocks"]]
     return tables, np.load(local / manifest["order"], mmap_mode="r")

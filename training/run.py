@@ -3,6 +3,7 @@ worker group, export the best checkpoint, and log and register it in MLflow."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -239,8 +240,9 @@ def _training_data(cfg: TrainJobConfig, pre: Preflight, quarantine: Path):
     corpus = content_ordered(ds)
     if corpus.rows != rows:
         raise RuntimeError(f"ordering the corpus gave {corpus.rows} rows of {rows}")
-    if cfg.data.node_local:
-        corpus = write_files(corpus, join(_storage(cfg), "corpus_files", corpus.fingerprint))
+    if cfg.data.node_local:  # named by content and columns (the fingerprint hashes values only)
+        columns = hashlib.sha1(",".join(ds.columns()).encode()).hexdigest()[:8]
+        corpus = write_files(corpus, join(_storage(cfg), "corpus_files", f"{corpus.fingerprint}-{columns}"))
         print(f"[raoe] data.node_local: the corpus as memory-mapped files, {corpus.files}; each node copies it "
               f"once to {node_cache_root()}", flush=True)
     return corpus, report, extras

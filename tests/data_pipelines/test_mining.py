@@ -105,7 +105,8 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_mined_triplets(ray_
     """Labelled NLI pairs: only entailment pairs are (query, positive); the default corpus is their positives; an
     absolute margin; the rows, written by the tasks to object storage (the local S3 endpoint), equal the brute-force
     reference and read back from there as the mined-triplets kind. The corpus index is kept on that storage too
-    (RAOE_INDEX_CACHE): the mining actors search their node's copy of it."""
+    (RAOE_INDEX_CACHE): the driver makes its node's copy (here, under this test's RAOE_NODE_CACHE), and the mining
+    actors open the index by its URI (the shared Ray's own node cache) and find the rows the reference finds."""
     from data_pipelines.readers import load_corpus
     from encoders.sources import resolve_model_source
     from storage.paths import storage_path

@@ -300,6 +300,7 @@ def test_the_index_cache_keeps_under_its_limit_by_least_recent_use(tmp_path):
     for name, hours_ago in (("old", 48), ("older", 72), ("recent", 0.5), ("built", 0)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "0.npy").write_bytes(b"x" * 1000)
+        (tmp_path / name / "meta.json").write_text("{}")
         (tmp_path / name / LAST_USED).touch()
         os.utime(tmp_path / name / LAST_USED, (now - hours_ago * 3600,) * 2)
     (tmp_path / ".built.1-ab.tmp").mkdir()
@@ -347,17 +348,20 @@ def test_an_index_cache_on_object_storage_gives_the_evaluator_numbers_and_each_n
 
 
 def test_the_index_cache_on_object_storage_keeps_under_its_limit_by_least_recent_use(s3):
-    """The same least-recent-use rule over an object-store prefix, from one listing."""
+    """The same least-recent-use rule over an object-store prefix, from one listing; a build in progress (shards
+    written in place, no meta.json yet) is neither counted nor removed."""
     import time
 
     from evaluation.corpus_index import LAST_USED, evict_least_recent
     from storage.paths import storage_path
 
     root = s3.uri("evict")
+    storage_path(f"{root}/building/0.npy").write_bytes(b"x" * 5000)
     for name in ("older", "old", "built"):
         storage_path(f"{root}/{name}/0.npy").write_bytes(b"x" * 1000)
+        storage_path(f"{root}/{name}/meta.json").write_text("{}")
         storage_path(f"{root}/{name}/{LAST_USED}").write_text("used\n")
         time.sleep(1.1)  # an object's time is its upload's, to the second
     removed = evict_least_recent(root, max_gb=1500e-9, keep="built", now=time.time() + 7200)
     assert [r.split()[0] for r in removed] == ["older", "old"]
-    assert sorted(p.name for p in storage_path(root).iterdir()) == ["built"]
+    assert sorted(p.name for p in storage_path(root).iterdir()) == ["building", "built"]

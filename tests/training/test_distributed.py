@@ -110,7 +110,8 @@ def test_node_local_workers_map_the_corpus_files_their_node_copied_once(runs, tr
     assert len(manifests) == 1, manifests
     manifest = json.loads(manifests[0].read_text())
     assert manifest["rows"] == runs["2 workers zero-2"]["rows_written"] == 128
-    copy = Path(os.environ["RAOE_NODE_CACHE"]) / f"corpus-{manifest['fingerprint']}"
+    assert manifests[0].parent.name.startswith(manifest["fingerprint"] + "-")  # content, then columns
+    copy = Path(os.environ["RAOE_NODE_CACHE"]) / f"corpus-{manifests[0].parent.name}"
     assert (copy / COMPLETE).exists() and sorted(p.name for p in copy.iterdir()) == sorted(
         [*manifest["blocks"], "order.npy", "corpus.json", COMPLETE])
 

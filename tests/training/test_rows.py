@@ -118,8 +118,8 @@ def test_node_local_files_give_the_rows_the_object_store_gives_and_are_written_o
     from tests.conftest import new_bucket
 
     monkeypatch.setenv("RAOE_NODE_CACHE", str(tmp_path / "node"))
-    folder = new_bucket(s3_server, "node-local").uri("corpus_files")
     in_store = _corpus(ROWS, 3)
+    folder = new_bucket(s3_server, "node-local").uri(f"corpus_files/{in_store.fingerprint}")  # as training names it
     on_files = training.rows.write_files(in_store, folder)
     assert on_files.blocks == () and on_files.order is None and on_files.fingerprint == in_store.fingerprint
     index = np.random.default_rng(0).permutation(len(ROWS))
@@ -142,14 +142,20 @@ def test_node_local_files_give_the_rows_the_object_store_gives_and_are_written_o
 
     # two runs writing the same corpus at once (a sweep's trials): each its own attempt, neither file mixed
     monkeypatch.setenv("RAOE_NODE_CACHE", str(tmp_path / "node-2"))
-    shared, results = str(tmp_path / "shared"), []
-    writers = [threading.Thread(target=lambda c=c: results.append(training.rows.write_files(c, shared)))
-               for c in (_corpus(ROWS, 2), _corpus(ROWS, 4))]
+    shared, results, errors = str(tmp_path / "shared" / in_store.fingerprint), [], []
+
+    def write(corpus):
+        try:
+            results.append(training.rows.write_files(corpus, shared))
+        except Exception as exc:  # noqa: BLE001 - reported below, not lost in the thread
+            errors.append(exc)
+
+    writers = [threading.Thread(target=write, args=(c,)) for c in (_corpus(ROWS, 2), _corpus(ROWS, 4))]
     for writer in writers:
         writer.start()
     for writer in writers:
         writer.join()
-    assert len(results) == 2 and all(r.files.startswith(shared) for r in results)
+    assert not errors and len(results) == 2 and all(r.files.startswith(shared) for r in results)
     for result in results:
         assert CorpusRows(result).take(index)["text"].tolist() == want["text"].tolist()
 
@@ -165,14 +171,21 @@ def test_a_node_copies_a_folder_once_whoever_asks_at_the_same_time(tmp_path, mon
     (source / "a.arrow").write_bytes(b"a" * 100_000)
     (source / "sub" / "b.npy").write_bytes(b"b" * 10)
     copies, copy_in = [], node_cache._copy_in
-    monkeypatch.setattr(node_cache, "_copy_in", lambda src, target: (copies.append(target), copy_in(src, target)))
-    got = []
-    threads = [threading.Thread(target=lambda: got.append(node_cache.node_copy(str(source), "corpus-x")))
-               for _ in range(4)]
+    monkeypatch.setattr(node_cache, "_copy_in", lambda src, target, *rest: (copies.append(target),
+                                                                           copy_in(src, target, *rest)))
+    got, errors = [], []
+
+    def ask():
+        try:
+            got.append(node_cache.node_copy(str(source), "corpus-x"))
+        except Exception as exc:  # noqa: BLE001 - reported below, not lost in the thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(copies) == 1 and len(set(got)) == 1 and len(got) == 4
+    assert not errors and len(copies) == 1 and len(set(got)) == 1 and len(got) == 4
     assert (got[0] / "a.arrow").read_bytes() == b"a" * 100_000 and (got[0] / "sub" / "b.npy").read_bytes() == b"b" * 10
     assert sorted(p.name for p in (tmp_path / "node").iterdir()) == ["corpus-x", "corpus-x.lock"]

@@ -47,8 +47,8 @@ def _spec(root: Path):
     return load_config(SweepSpec, ROOT / "configs" / "tiny" / "sweep.yaml", [
         f"storage_path={root / 'tune'}", "name=tiny-sweep", f"overrides={json.dumps(overrides)}",
         "max_concurrent_trials=2",  # two trials at once fit the 2 CPUs (half a CPU per worker)
-        # Two grid points over both keys of the shipped 2x2 grid: one wave of trials (a trial is ~20 s of start-up)
-        # that still ranks, ties, plots and registers over two axes.
+        # Two grid points: both margins of the shipped 2x2 grid at one tau, one wave of trials (a trial is ~20 s of
+        # start-up) that still ranks, breaks ties, plots and registers with both keys in the grid.
         f"grid={json.dumps(GRID)}",
     ])
 
