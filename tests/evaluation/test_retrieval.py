@@ -315,7 +315,9 @@ def test_an_index_cache_on_object_storage_gives_the_evaluator_numbers_and_each_n
                                                                                                ray_local, s3):
     """RAOE_INDEX_CACHE on object storage (the local S3 endpoint): the actors write the shards there and meta.json
     commits them; the search maps this node's copy of the index, made once. The metrics are sentence-transformers'
-    (as for a local cache, above); a second evaluation reads the index (nothing written again) from the same copy."""
+    (as for a local cache, above); a second evaluation reads the index (nothing written again) from the same copy.
+    About 30-50 s: each of the two evaluations starts its encoder actor pools (the corpus, the queries), the one way
+    to show the shards written by the actors to S3 and searched from the node's copy."""
     from encoders.backbone import build_encoder, export_encoder
     from encoders.devices import EncoderPool
     from encoders.sources import resolve_model_source
