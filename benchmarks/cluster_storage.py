@@ -196,24 +196,29 @@ def node_local_runs(rows: int) -> list[dict]:
     return results
 
 
+def _table(runs: list[dict], *columns: tuple[str, str]) -> list[str]:
+    """A markdown table of ``runs``: one (header, key) a column; the row counts with thousands separators."""
+    cell = lambda key, value: f"{value:,}" if key == "rows" else f"{value}"  # noqa: E731
+    return ["| " + " | ".join(header for header, _ in columns) + " |", "|" + "---|" * len(columns),
+            *["| " + " | ".join(cell(key, r[key]) for _, key in columns) + " |" for r in runs]]
+
+
 def render(payload: dict) -> str:
     lines = ["# Cluster storage: everything on object storage against local disk, and the driver's memory", "",
              f"Tiny Stage 1 job (tiny:bert), 2 Ray Train workers, 3 steps of 32, synthetic NLI pairs (~200 bytes "
              f"each); `python benchmarks/cluster_storage.py` on {payload['machine']['cpus']} CPUs. `s3`: corpus, "
              "checkpoints, corpus cache, export and MLflow artifacts on moto's S3 server on 127.0.0.1 (what the "
              "storage layer costs, not a cloud store's bandwidth). The second run reads the corpus cache.", "",
-             "| pairs | storage | run | first step (s) | s a step | job (s) | driver peak RSS (MB) | corpus cache |",
-             "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['rows']:,} | {r['storage']} | {r['run']} | {r['first_step_s']} | {r['step_s']} | {r['job_s']} | "
-              f"{r['driver_peak_mb']} | {r['corpus_cache']} |" for r in payload["storage"]]
+             *_table(payload["storage"], ("pairs", "rows"), ("storage", "storage"), ("run", "run"),
+                     ("first step (s)", "first_step_s"), ("s a step", "step_s"), ("job (s)", "job_s"),
+                     ("driver peak RSS (MB)", "driver_peak_mb"), ("corpus cache", "corpus_cache"))]
     if payload.get("node_local"):
         lines += ["", "**Node-local corpus files** (`data.node_local`, local storage, the same job): the workers map the "
                   "corpus from the object store, or from the node's copy of its Arrow files (the first run writes "
                   "and copies them; the second finds both). Data wait: the median a step waited for its rows.", "",
-                  "| pairs | corpus | run | first step (s) | s a step | data wait (ms) | job (s) | files (MB) |",
-                  "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['rows']:,} | {r['corpus']} | {r['run']} | {r['first_step_s']} | {r['step_s']} | "
-                  f"{r['data_wait_ms']} | {r['job_s']} | {r['files_mb']} |" for r in payload["node_local"]]
+                  *_table(payload["node_local"], ("pairs", "rows"), ("corpus", "corpus"), ("run", "run"),
+                          ("first step (s)", "first_step_s"), ("s a step", "step_s"),
+                          ("data wait (ms)", "data_wait_ms"), ("job (s)", "job_s"), ("files (MB)", "files_mb"))]
     if payload.get("bad"):
         bad = payload["bad"]
         base = payload["bad_baseline"]
