@@ -4,10 +4,12 @@ A source is a triples corpus ({head, tail, relation, negative?}), NLI pairs mapp
 contradiction hypothesis as the in-relation hard negative, or a sentence corpus mapped to ``same-sent`` (head = tail;
 the two dropout views make the pair). Then, seeded: a held-out slice per relation for relation prediction,
 per-relation caps and sampling weights, and a hard negative for every triple that has none: a random tail of the same
-relation that is not its own tail (the paper's in-relation negatives)."""
+relation that is not its own tail (the paper's in-relation negatives). A relation is prepared in shares of at most
+~1M triples (content-hashed slots, one Ray task each), so a 100M-row source is a hundred tasks, not one process."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,36 +131,96 @@ def relation_set(counts: dict[str, int], data_cfg) -> list[str]:
     return names
 
 
-def prepare_relation(rows, names: list[str], data_cfg, seed: int):
-    """One relation's triples (a pandas frame, all of one relation): sorted (so the result does not depend on the
-    order rows arrived in), then seeded by (seed, the relation's place in the table): a held-out slice
-    (``split`` heldout), the cap, the sampling weight and a hard negative for every triple without one; with
-    ``relation_id``."""
+RELATION_TASK_ROWS = 1_000_000  # triples one task prepares at most (with slot imbalance, a few % more): ~300 MB
+SLOT_BITS = 12
+SLOTS = 1 << SLOT_BITS  # a relation's triples split into this many content-hashed slots; a task takes a run of them
+
+
+@dataclass(frozen=True)
+class Share:
+    """One task's share of a relation: its triples held out, kept after the cap, and drawn again for a fractional
+    sampling weight (counts apportioned from the relation's totals, so the totals do not depend on the split)."""
+
+    relation: str
+    bucket: int
+    buckets: int
+    heldout: int
+    kept: int
+    extra: int
+
+
+def relation_plan(slot_counts: dict[str, np.ndarray], names: list[str], data_cfg,
+                  rows_per_task: int = RELATION_TASK_ROWS) -> dict[tuple[str, int], Share]:
+    """Each relation split into ``ceil(rows / rows_per_task)`` tasks by content-hashed slots, with the relation's
+    held-out slice (min(data.heldout, rows // 2)), cap and fractional weight's extra draws apportioned over its tasks
+    by their rows (largest remainder: the totals are exactly those of one task per relation)."""
+    plan = {}
+    for name, slots in slot_counts.items():
+        total = int(slots.sum())
+        buckets = min(SLOTS, max(1, -(-total // rows_per_task)))
+        rows = np.bincount(np.arange(SLOTS) * buckets // SLOTS, weights=slots, minlength=buckets).astype(np.int64)
+        heldout = _apportion(min(data_cfg.heldout, total // 2), rows)
+        left = rows - heldout
+        cap = data_cfg.caps.get(name)
+        kept = _apportion(int(left.sum()) if cap is None else min(cap, int(left.sum())), left)
+        weight = data_cfg.weights.get(name, 1.0)
+        extra = _apportion(round((weight - math.floor(weight)) * int(kept.sum())), kept)
+        for b in range(buckets):
+            plan[name, b] = Share(name, b, buckets, int(heldout[b]), int(kept[b]), int(extra[b]))
+    return plan
+
+
+def _apportion(total: int, sizes: np.ndarray) -> np.ndarray:
+    """``total`` split over parts in proportion to ``sizes`` (largest remainder, ties to the first part); no part
+    gets more than its size when total <= sum(sizes)."""
+    whole = int(sizes.sum())
+    if whole == 0:
+        return np.zeros_like(sizes)
+    base, remainder = np.divmod(total * sizes, whole)
+    order = np.lexsort((np.arange(len(sizes)), -remainder))
+    base[order[:total - int(base.sum())]] += 1
+    return base
+
+
+def _slots(frame, seed: int) -> np.ndarray:
+    """Each triple's slot, from a seeded hash of its content: the same triple lands in the same slot whatever the
+    block it arrived in or the worker that hashed it."""
     import pandas as pd
 
-    name = rows["relation"].iloc[0]
-    index = names.index(name)
-    rng = np.random.default_rng([seed, index])
+    key = hashlib.blake2b(str(seed).encode(), digest_size=8).hexdigest()
+    content = frame[["head", "tail", "negative"]].fillna("")  # a missing negative hashes alike from any reader
+    hashed = pd.util.hash_pandas_object(content, index=False, hash_key=key)
+    return (hashed.to_numpy() >> np.uint64(64 - SLOT_BITS)).astype(np.int64)
+
+
+def prepare_share(rows, share: Share, names: list[str], data_cfg, seed: int):
+    """One task's share of a relation (a pandas frame, all of one relation): sorted (so the result does not depend on
+    the order rows arrived in), then seeded by (seed, the relation's place in the table, the share): its held-out
+    slice (``split`` heldout), its rows kept under the cap, its draws for the sampling weight and a hard negative for
+    every triple without one; with ``relation_id``."""
+    import pandas as pd
+
+    index = names.index(share.relation)
+    rng = np.random.default_rng([seed, index] if share.buckets == 1 else [seed, index, share.bucket])
     rows = rows[TRIPLE_COLUMNS].sort_values(["head", "tail", "negative"], na_position="first").reset_index(drop=True)
     rows = rows.iloc[rng.permutation(len(rows))].reset_index(drop=True)
-    held = min(data_cfg.heldout, len(rows) // 2)
-    heldout, rows = rows.iloc[:held].assign(split="heldout"), rows.iloc[held:]
-    cap = data_cfg.caps.get(name)
-    if cap is not None and len(rows) > cap:
-        rows = rows.iloc[:cap]
-    weight = data_cfg.weights.get(name, 1.0)
-    whole, share = math.floor(weight), weight - math.floor(weight)
-    extra = rows.iloc[np.sort(rng.choice(len(rows), size=round(share * len(rows)), replace=False))]
-    rows = _with_negatives(pd.concat([rows] * whole + [extra], ignore_index=True), rng).assign(split="train")
+    heldout, rows = rows.iloc[:share.heldout].assign(split="heldout"), rows.iloc[share.heldout:]
+    rows = rows.iloc[:share.kept]
+    whole = math.floor(data_cfg.weights.get(share.relation, 1.0))
+    extra = rows.iloc[np.sort(rng.choice(len(rows), size=share.extra, replace=False))]
+    rows = _with_negatives(pd.concat([rows] * whole + [extra], ignore_index=True), rng, share).assign(split="train")
     return pd.concat([rows, heldout], ignore_index=True).assign(relation_id=np.int64(index))
 
 
-def prepare_triples(frame, data_cfg, seed: int) -> TripleData:
+def prepare_triples(frame, data_cfg, seed: int, rows_per_task: int = RELATION_TASK_ROWS) -> TripleData:
     """``prepare_triples_ds`` on a pandas frame, in this process (small data, tests)."""
     import pandas as pd
 
-    names = relation_set(frame["relation"].value_counts().to_dict(), data_cfg)
-    parts = [prepare_relation(group, names, data_cfg, seed) for _, group in frame.groupby("relation")]
+    slot_counts = _add_slot_counts({}, _count_slots(frame, seed))
+    names = relation_set({n: int(c.sum()) for n, c in slot_counts.items()}, data_cfg)
+    plan = relation_plan(slot_counts, names, data_cfg, rows_per_task)
+    shares = frame.assign(_bucket=_buckets(frame, plan, seed)).groupby(["relation", "_bucket"])
+    parts = [prepare_share(group, plan[name, bucket], names, data_cfg, seed) for (name, bucket), group in shares]
     both = pd.concat(parts, ignore_index=True).sort_values("relation_id", kind="stable").reset_index(drop=True)
     train, heldout = both[both["split"] == "train"], both[both["split"] == "heldout"]
     if train.empty:
@@ -180,34 +242,79 @@ def relation_counts(ds) -> dict[str, int]:
     return total
 
 
-def prepare_triples_ds(ds, data_cfg, seed: int) -> TripleData:
-    """Relation set, held-out slice, caps, sampling weights and hard negatives, all seeded, one relation per Ray
-    task (``prepare_relation``): the training triples stay a Ray Dataset in the object store; only the counts and
-    the held-out triples (data.heldout per relation) reach the driver."""
+def prepare_triples_ds(ds, data_cfg, seed: int, rows_per_task: int = RELATION_TASK_ROWS) -> TripleData:
+    """Relation set, held-out slice, caps, sampling weights and hard negatives, all seeded, each relation prepared in
+    shares of at most ~``rows_per_task`` triples, one Ray task each (``relation_plan``, ``prepare_share``): the
+    training triples stay a Ray Dataset in the object store; only the slot counts and the held-out triples
+    (data.heldout per relation) reach the driver."""
     import pandas as pd
 
-    names = relation_set(relation_counts(ds), data_cfg)
-    both = ds.groupby("relation").map_groups(lambda rows: prepare_relation(rows, names, data_cfg, seed),
-                                             batch_format="pandas").materialize()
-    train = both.filter(lambda row: row["split"] == "train").drop_columns(["split"]).materialize()
+    slot_counts: dict[str, np.ndarray] = {}
+    for counts in ds.map_batches(lambda frame: _count_slots(frame, seed), batch_format="pandas").iter_batches(
+            batch_format="pandas", batch_size=None):
+        _add_slot_counts(slot_counts, counts)
+    names = relation_set({n: int(c.sum()) for n, c in slot_counts.items()}, data_cfg)
+    plan = relation_plan(slot_counts, names, data_cfg, rows_per_task)
+    shares = sorted(plan)  # share i is block i: a sort on its number with fixed boundaries, so one task holds it
+    number = {key: i for i, key in enumerate(shares)}
+
+    def numbered(frame):
+        return frame.assign(_share=[number[key] for key in zip(frame["relation"], _buckets(frame, plan, seed))])
+
+    def prepared(rows):  # one share a block; grouped all the same, should Ray Data ever merge blocks
+        parts = [prepare_share(group, plan[shares[i]], names, data_cfg, seed) for i, group in rows.groupby("_share")]
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+            {**{c: pd.Series(dtype=object) for c in [*TRIPLE_COLUMNS, "split"]}, "relation_id": pd.Series(dtype="int64")})
+
+    both = (ds.map_batches(numbered, batch_format="pandas").sort("_share", boundaries=list(range(1, len(shares))))
+            .map_batches(prepared, batch_size=None, batch_format="pandas").materialize())
+    train = both.map_batches(_split_rows("train"), batch_format="pyarrow").materialize()
     counts = {n: 0 for n in names} | relation_counts(train)
     if not sum(counts.values()):
         raise ValueError("no training triples left after data.heldout, data.caps and data.weights")
-    heldout = pd.DataFrame(both.filter(lambda row: row["split"] == "heldout").drop_columns(["split"]).take_all(),
+    heldout = pd.DataFrame(both.map_batches(_split_rows("heldout"), batch_format="pyarrow").take_all(),
                            columns=[*TRIPLE_COLUMNS, "relation_id"])
     return TripleData(train=train, heldout=heldout.sort_values(["relation_id", "head", "tail"], ignore_index=True),
                       relations=names, counts=counts)
 
 
-def _with_negatives(rows, rng):
-    """A hard negative for every triple without one: a random distinct tail of the same relation, never its own."""
+def _split_rows(split: str):
+    """A block's rows of one split (train or heldout), without the split column: a columnar filter, not per row."""
+    return lambda table: table.filter(pc.equal(table["split"], split)).drop_columns(["split"])
+
+
+def _count_slots(frame, seed: int):
+    """Triples per (relation, slot) of one block: a few thousand rows per relation, whatever the block's size."""
+    import pandas as pd
+
+    return (pd.DataFrame({"relation": frame["relation"].to_numpy(), "slot": _slots(frame, seed)})
+            .value_counts().reset_index(name="count"))
+
+
+def _add_slot_counts(total: dict[str, np.ndarray], counts) -> dict[str, np.ndarray]:
+    for name, group in counts.groupby("relation"):
+        np.add.at(total.setdefault(name, np.zeros(SLOTS, np.int64)), group["slot"].to_numpy(),
+                  group["count"].to_numpy())
+    return total
+
+
+def _buckets(frame, plan: dict[tuple[str, int], Share], seed: int) -> np.ndarray:
+    """Each triple's share of its relation: a run of slots (``relation_plan``)."""
+    buckets = {name: share.buckets for (name, _), share in plan.items()}
+    return _slots(frame, seed) * frame["relation"].map(buckets).to_numpy(dtype=np.int64) // SLOTS
+
+
+def _with_negatives(rows, rng, share: Share):
+    """A hard negative for every triple without one: a random distinct tail of the same relation (of this share of
+    it: a seeded random subset, all of it below ``rows_per_task``), never its own."""
     missing = rows["negative"].isna().to_numpy()
     if not missing.any():
         return rows
     pool = np.array(sorted(rows["tail"].unique()), dtype=object)
     if len(pool) < 2:
-        raise ValueError(f"relation {rows['relation'].iloc[0]!r} has one distinct tail: no in-relation negative "
-                         f"can be drawn for its triples")
+        where = "" if share.buckets == 1 else f" (in share {share.bucket} of {share.buckets} of its triples)"
+        raise ValueError(f"relation {share.relation!r} has one distinct tail{where}: no in-relation negative can be "
+                         f"drawn for its triples")
     position = {t: i for i, t in enumerate(pool)}
     own = np.array([position[t] for t in rows["tail"][missing]])
     pick = rng.integers(0, len(pool) - 1, size=len(own))

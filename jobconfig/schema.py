@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from encoders.devices import EncoderPool
-from objectives.composite import PRESETS, SPECS
+from objectives.catalog import DEFAULTS, PRESETS
 from runtime.paths import stable_path
 
 # An output location that outlives the job (runtime/paths.py): made absolute when the config is loaded.
@@ -167,26 +167,26 @@ class DataConfig(Section):
 
 
 def _params_model(name: str) -> type[BaseModel]:
-    defaults = SPECS[name].defaults
+    defaults = DEFAULTS[name]
     fields = {k: (type(v), Field(v)) for k, v in defaults.items()}
     return create_model(f"{name}_params", __base__=Section, **fields)
 
 
-_PARAM_MODELS = {name: _params_model(name) for name in SPECS}
+_PARAM_MODELS = {name: _params_model(name) for name in DEFAULTS}
 
 
 class _ObjectiveBase(Section):
     weights: dict[str, float] = Field(
         default_factory=lambda: dict(PRESETS["raoe"]),
-        description=f"objective name -> weight; names: {', '.join(SPECS)}",
+        description=f"objective name -> weight; names: {', '.join(DEFAULTS)}",
     )
 
     @field_validator("weights")
     @classmethod
     def _known(cls, weights: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(weights) - set(SPECS))
+        unknown = sorted(set(weights) - set(DEFAULTS))
         if unknown:
-            raise ValueError(f"unknown objective(s) {unknown}; allowed: {', '.join(SPECS)}")
+            raise ValueError(f"unknown objective(s) {unknown}; allowed: {', '.join(DEFAULTS)}")
         if not any(w != 0 for w in weights.values()):
             raise ValueError("at least one objective needs a non-zero weight")
         return weights
@@ -201,7 +201,7 @@ ObjectiveConfig = create_model(
 
 def objective_params(config: BaseModel) -> dict[str, dict]:
     """The per-objective parameter dicts of an ObjectiveConfig, for CompositeObjective."""
-    return {name: getattr(config, name).model_dump() for name in SPECS}
+    return {name: getattr(config, name).model_dump() for name in DEFAULTS}
 
 
 class RetrievalTaskConfig(Section):

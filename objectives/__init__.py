@@ -2,20 +2,24 @@
 
 Pairwise ranking losses take the cosines of the whole (gathered) batch and return log(1 + sum);
 cross-entropy losses return the mean over anchors. See DESIGN.md, "objectives: functional API".
+
+Names are imported on first use (PEP 562), so ``objectives.catalog`` (names, defaults, presets) loads without torch.
 """
 
-from objectives.angle import angle_composite_loss, angle_ibn_loss, angle_loss, angle_similarity
-from objectives.composite import PRESETS, SPECS, CompositeObjective, EmbeddingBatch, objective_params
-from objectives.contrastive import hince_loss, infonce_loss
-from objectives.gated_angle import gated_angle_loss
-from objectives.gather import gather_no_grad, gather_with_grad
-from objectives.listwise import listmle_loss, refine_targets
-from objectives.rank_margin import cosent_loss, rank_margin_loss
-from objectives.relational import relation_scores, relational_loss
+import importlib
 
-__all__ = [
-    "rank_margin_loss", "gated_angle_loss", "cosent_loss", "angle_loss", "angle_similarity", "angle_ibn_loss",
-    "angle_composite_loss", "infonce_loss", "hince_loss", "listmle_loss", "refine_targets", "relational_loss",
-    "relation_scores", "gather_with_grad", "gather_no_grad", "CompositeObjective", "EmbeddingBatch", "SPECS",
-    "PRESETS", "objective_params",
-]
+_HOMES = {
+    "angle_composite_loss": "angle", "angle_ibn_loss": "angle", "angle_loss": "angle", "angle_similarity": "angle",
+    "PRESETS": "catalog", "SPECS": "composite", "CompositeObjective": "composite", "EmbeddingBatch": "composite",
+    "objective_params": "composite", "hince_loss": "contrastive", "infonce_loss": "contrastive",
+    "gated_angle_loss": "gated_angle", "gather_no_grad": "gather", "gather_with_grad": "gather",
+    "listmle_loss": "listwise", "refine_targets": "listwise", "cosent_loss": "rank_margin",
+    "rank_margin_loss": "rank_margin", "relation_scores": "relational", "relational_loss": "relational",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'objectives' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"objectives.{_HOMES[name]}"), name)

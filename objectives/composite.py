@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from objectives._common import pair_cosine
 from objectives.angle import angle_ibn_loss, angle_ibn_share, angle_loss
+from objectives.catalog import DEFAULTS, PRESETS  # noqa: F401  (PRESETS re-exported)
 from objectives.contrastive import hince_loss, hince_share, infonce_loss
 from objectives.gated_angle import gated_angle_loss
 from objectives.gather import sum_over_workers, summed, world_position
@@ -113,29 +114,28 @@ SPECS: dict[str, ObjectiveSpec] = {
     s.name: s
     for s in [
         ObjectiveSpec(
-            "rank_margin", "RAOE Rank Margin, Eq. 2", (RAOE,), {"margin": 2.0, "tau": 20.0},
+            "rank_margin", "RAOE Rank Margin, Eq. 2", (RAOE,), DEFAULTS["rank_margin"],
             lambda b, p: rank_margin_loss(b.cosines(), b.require("rank_margin", "scores")[0], **p),
             requires=("emb1", "emb2", "scores"),
         ),
         ObjectiveSpec(
-            "gated_angle", "RAOE Gated Angular, Eq. 3", (RAOE,), {"tau": 20.0},
+            "gated_angle", "RAOE Gated Angular, Eq. 3", (RAOE,), DEFAULTS["gated_angle"],
             lambda b, p: gated_angle_loss(b.cosines(), *b.require("gated_angle", "labels", "scores"), **p),
             requires=("emb1", "emb2", "labels", "scores"),
         ),
         ObjectiveSpec(
-            "cosent", "CoSENT / AnglE cosine objective, Eq. 1", (COSENT, ANGLE),
-            {"tau": 20.0},
+            "cosent", "CoSENT / AnglE cosine objective, Eq. 1", (COSENT, ANGLE), DEFAULTS["cosent"],
             lambda b, p: cosent_loss(b.cosines(), b.require("cosent", "scores")[0], **p),
             requires=("emb1", "emb2", "scores"),
         ),
         ObjectiveSpec(
-            "angle", "AnglE complex-space angle objective, Eq. 4-7", (ANGLE,), {"tau": 20.0},
+            "angle", "AnglE complex-space angle objective, Eq. 4-7", (ANGLE,), DEFAULTS["angle"],
             lambda b, p: angle_loss(*b.require("angle", "emb1", "emb2", "scores"), **p),
             requires=("emb1", "emb2", "scores"),
         ),
         ObjectiveSpec(
             "angle_ibn", "AnglE in-batch negatives with supervised positives, Eq. 2", (ANGLE,),
-            {"tau": 20.0, "positive_threshold": 0.8},
+            DEFAULTS["angle_ibn"],
             lambda b, p: angle_ibn_loss(
                 *b.require("angle_ibn", "emb1", "emb2"), _positive_pairs(b, p["positive_threshold"]),
                 tau=p["tau"], ids1=b.ids1, ids2=b.ids2,
@@ -148,7 +148,7 @@ SPECS: dict[str, ObjectiveSpec] = {
         ),
         ObjectiveSpec(
             "infonce", "Supervised SimCSE InfoNCE (hard negatives optional)",
-            (SIMCSE,), {"tau": 0.05},
+            (SIMCSE,), DEFAULTS["infonce"],
             lambda b, p: infonce_loss(*b.require("infonce", "emb1", "emb2"), b.emb_neg, negative_mask=b.neg_mask,
                                       anchor_ids=b.ids1, positive_ids=b.ids2, negative_ids=b.ids_neg, **p),
             requires=("emb1", "emb2"), accepts=("emb_neg", "neg_mask", "ids1", "ids2", "ids_neg"),
@@ -157,17 +157,17 @@ SPECS: dict[str, ObjectiveSpec] = {
                                                  positive_ids=b.ids2, negative_ids=b.ids_neg),
         ),
         ObjectiveSpec(
-            "hince", "Hierarchical InfoNCE, Eq. 2", (SAN,), {"tau1": 0.05, "tau2": 0.08},
+            "hince", "Hierarchical InfoNCE, Eq. 2", (SAN,), DEFAULTS["hince"],
             lambda b, p: hince_loss(*b.require("hince", "emb1", "emb2", "emb_neg"), negative_mask=b.neg_mask, **p),
             requires=("emb1", "emb2", "emb_neg"), accepts=("neg_mask",),
             share=lambda b, p, rows: hince_share(*b.require("hince", "emb1", "emb2", "emb_neg"), rows,
                                                  negative_mask=b.neg_mask, **p),
         ),
-        ObjectiveSpec("listmle", "ListMLE on refined targets, Eq. 5-8", (RANKED_LISTS,), {"omega": 0.5, "tau": 0.05},
+        ObjectiveSpec("listmle", "ListMLE on refined targets, Eq. 5-8", (RANKED_LISTS,), DEFAULTS["listmle"],
                       _listmle, requires=("list_emb", "list_target"), accepts=("list_mask",), min_rows=1),
         ObjectiveSpec(
             "relational", "RSE relational contrastive objective, Eq. 1-2",
-            (RSE,), {"tau": 0.05},
+            (RSE,), DEFAULTS["relational"],
             lambda b, p: relational_loss(
                 *b.require("relational", "emb1", "emb2", "relation", "relation_table"), b.emb_neg, b.ids1, b.ids2,
                 b.ids_neg, **p
@@ -181,15 +181,7 @@ SPECS: dict[str, ObjectiveSpec] = {
     ]
 }
 
-# Named recipes from the papers; a config may use one of these instead of spelling out weights.
-PRESETS: dict[str, dict[str, float]] = {
-    "raoe": {"rank_margin": 1.0, "gated_angle": 1.0},
-    "raoe_s2": {"rank_margin": 1.0},
-    "angle": {"cosent": 1.0, "angle_ibn": 1.0, "angle": 1.0},
-    "cosent": {"cosent": 1.0},
-    "simcse": {"infonce": 1.0},
-    "hince": {"hince": 1.0},
-}
+assert set(SPECS) == set(DEFAULTS), "objectives.catalog names every objective composite computes"
 
 
 def fields_read(weights: dict[str, float], provided: tuple[str, ...] | set[str]) -> set[str]:

@@ -122,18 +122,55 @@ def test_triples_are_held_out_capped_weighted_and_given_in_relation_negatives():
     assert again.train.equals(train)  # seeded
 
 
-def test_the_cluster_prepares_each_relation_as_this_process_does_whatever_the_block_order(ray_local):
-    """prepare_triples_ds (one Ray task per relation, the triples left in the object store) gives the rows, counts
-    and held-out triples of prepare_triples, from blocks in any order."""
+def test_a_large_relation_is_prepared_in_shares_with_the_totals_of_one():
+    """Above rows_per_task a relation is split over tasks by content-hashed slots; the held-out slice, cap and
+    weight draws are apportioned so the totals are those of one task, every share draws its own in-relation
+    negatives, and the result does not depend on the input order."""
+    from data_pipelines.relations import SLOTS, _apportion, prepare_triples, relation_plan
+
+    cfg = _data_cfg(heldout=4, caps={"dup": 20}, weights={"entailment": 1.5})
+    whole = prepare_triples(_frame(), cfg, seed=0)
+    split = prepare_triples(_frame(), cfg, seed=0, rows_per_task=8)
+    assert split.counts == whole.counts == {"dup": 20, "entailment": 24}
+    assert len(split.heldout) == 8 and split.heldout["relation"].value_counts().to_dict() == {"dup": 4, "entailment": 4}
+    train = split.train
+    assert not set(zip(split.heldout["head"], split.heldout["tail"])) & set(zip(train["head"], train["tail"]))
+    dup = train[train["relation"] == "dup"]
+    assert dup["negative"].notna().all() and (dup["negative"] != dup["tail"]).all()
+    assert set(dup["negative"]) <= {f"d{i}" for i in range(10)}
+    assert (train[train["relation"] == "entailment"]["negative"].str[0] == "c").all()
+    assert not train.sort_values(["head", "tail"], ignore_index=True).equals(
+        whole.train.sort_values(["head", "tail"], ignore_index=True))  # other draws: the split is real
+    shuffled = prepare_triples(_frame().sample(frac=1.0, random_state=3), cfg, seed=0, rows_per_task=8)
+    key = ["relation_id", "head", "tail", "negative"]
+    assert shuffled.train.sort_values(key, ignore_index=True).equals(train.sort_values(key, ignore_index=True))
+
+    slots = {"dup": np.bincount(np.arange(30) * 131 % SLOTS, minlength=SLOTS)}
+    plan = relation_plan(slots, ["dup"], cfg, rows_per_task=8)
+    shares = [plan["dup", b] for b in range(4)]
+    assert [s.buckets for s in shares] == [4] * 4  # ceil(30 / 8) tasks
+    assert (sum(s.heldout for s in shares), sum(s.kept for s in shares), sum(s.extra for s in shares)) == (4, 20, 0)
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # largest remainder: exact totals, never more than a part holds
+        sizes = rng.integers(0, 50, size=rng.integers(1, 9))
+        total = int(rng.integers(0, sizes.sum() + 1))
+        got = _apportion(total, sizes)
+        assert got.sum() == total and (got <= sizes).all() and (np.abs(got - total * sizes / max(sizes.sum(), 1)) < 1).all()
+
+
+@pytest.mark.parametrize("rows_per_task", [1_000_000, 8])
+def test_the_cluster_prepares_each_relation_as_this_process_does_whatever_the_block_order(ray_local, rows_per_task):
+    """prepare_triples_ds (one Ray task per share of a relation, the triples left in the object store) gives the rows,
+    counts and held-out triples of prepare_triples, from blocks in any order."""
     import ray
 
     from data_pipelines.relations import prepare_triples, prepare_triples_ds
 
     cfg = _data_cfg(heldout=4, caps={"dup": 20}, weights={"entailment": 1.5})
-    local = prepare_triples(_frame(), cfg, seed=0)
+    local = prepare_triples(_frame(), cfg, seed=0, rows_per_task=rows_per_task)
     for frame in (_frame().iloc[::-1],):  # blocks in another order than the local run read its rows
         ds = ray.data.from_pandas([frame[:17], frame[17:33], frame[33:]])
-        got = prepare_triples_ds(ds, cfg, seed=0)
+        got = prepare_triples_ds(ds, cfg, seed=0, rows_per_task=rows_per_task)
         assert (got.relations, got.counts) == (local.relations, local.counts)
         train = pd.DataFrame(got.train.take_all())[local.train.columns]
         key = ["relation_id", "head", "tail", "negative"]

@@ -153,3 +153,18 @@ def test_a_typo_inside_a_list_of_sections_names_the_item_and_the_allowed_keys():
         load_config(RelationalJobConfig, None, ["data.sources=[{train: a}, {train: b, mappin: nli}]"])
     with pytest.raises(ConfigError, match="zero_stage 3 is not supported by the relational job"):
         load_config(RelationalJobConfig, None, ["trainer.strategy=deepspeed", "trainer.zero_stage=3"])
+
+
+def test_validating_a_config_does_not_load_torch():
+    """The schema reads objective names and defaults from objectives.catalog: a job's --help, config validation and
+    the Ray Data tasks that carry a config section (RSE's relation preparation) load no torch (~250 MB a process);
+    objectives.composite computes exactly the objectives the catalog names."""
+    code = ("import sys; import jobconfig.schema, data_pipelines.relations; "
+            "print('torch' in sys.modules)")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    assert loaded == "False"
+    from objectives.catalog import DEFAULTS
+    from objectives.composite import SPECS
+
+    assert {n: s.defaults for n, s in SPECS.items()} == DEFAULTS
