@@ -23,7 +23,7 @@ SAFE_LOCAL_ENV = {
 # Variables that workers need too: the driver's environment does not reach a running cluster's workers.
 FORWARDED_ENV = (
     "MLFLOW_TRACKING_URI", "MLFLOW_DISABLE_TELEMETRY", "HF_HUB_OFFLINE", "HF_HOME", "RAOE_CACHE", "RAOE_NODE_CACHE",
-    "TORCH_EXTENSIONS_DIR", "TOKENIZERS_PARALLELISM", "RAOE_DEV_DATA", *STORAGE_ENV,
+    "RAOE_NODE_CACHE_MAX_GB", "TORCH_EXTENSIONS_DIR", "TOKENIZERS_PARALLELISM", "RAOE_DEV_DATA", *STORAGE_ENV,
 )
 
 # A local Ray started by a job is one node that lives and dies with the job: Ray Train's preemption watcher (an actor

@@ -5,7 +5,11 @@ The copy is keyed by a name that says what the folder holds (a content fingerpri
 corpus that changes has another name. Every process of a node that needs the folder calls ``node_copy``; the first
 copies under a file lock, into a staging folder renamed into place when whole, and the others wait on the lock and find
 it there. The copies live under ``RAOE_NODE_CACHE`` (default ``~/.cache/raoe/node``): a disk of the node, never a
-shared mount (each node must hold its own)."""
+shared mount (each node must hold its own).
+
+A process that asks for a copy holds a shared lock on it until it exits (the copy is memory-mapped for that long).
+With ``RAOE_NODE_CACHE_MAX_GB`` set, each new copy then removes whole copies, least recently asked for first, until the
+node's copies fit, never one a live process holds (the one just made included)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ from pathlib import Path
 from storage.paths import ABANDONED_AFTER_S, files_under, is_uri, storage_path
 
 COMPLETE = ".complete"  # written last into a node's copy: the copy is whole
+MAX_GB_ENV = "RAOE_NODE_CACHE_MAX_GB"  # the node copies' size limit (unset: none)
+_HELD: dict[Path, object] = {}  # copy -> the open lock file whose shared lock marks it in use by this process
 
 
 def node_cache_root() -> Path:
@@ -27,17 +33,72 @@ def node_cache_root() -> Path:
 
 def node_copy(source: str, name: str, files: list[str] | None = None, contents: dict[str, str] | None = None) -> Path:
     """The node-local copy of the folder ``source`` (a local path or a URI), as ``<RAOE_NODE_CACHE>/<name>``: made by
-    the first process of the node that asks, under a lock, and found by the others. ``files``: only these (relative
-    names), not all the folder holds; ``contents``: files written with this text instead of copied (what the caller
-    already read, so the copy holds exactly what it named)."""
+    the first process of the node that asks, under a lock, and found by the others; held in use by this process
+    until it exits. ``files``: only these (relative names), not all the folder holds; ``contents``: files written
+    with this text instead of copied (what the caller already read, so the copy holds exactly what it named)."""
     target = node_cache_root() / name
-    if (target / COMPLETE).exists():
+    if target in _HELD:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.parent / f"{name}.lock"):
+    copied = False
+    while target not in _HELD:
         if not (target / COMPLETE).exists():
-            _copy_in(source, target, files, contents or {})
+            with _locked(target.parent / f"{name}.lock"):
+                if not (target / COMPLETE).exists():
+                    _copy_in(source, target, files, contents or {})
+                    copied = True
+        in_use = open(target.parent / f"{name}.use", "a")  # a lock of its own: copiers never wait on users
+        fcntl.flock(in_use, fcntl.LOCK_SH)  # in use: no pruning removes it while this process lives
+        if (target / COMPLETE).exists():  # not pruned between the copy and the shared lock
+            _HELD[target] = in_use
+            os.utime(in_use.name)  # last asked for now: least recently used goes first
+        else:
+            in_use.close()
+    if copied:
+        prune(_max_bytes())
     return target
+
+
+def prune(max_bytes: int | None) -> list[str]:
+    """Remove whole copies, least recently asked for first, until the node's copies take at most ``max_bytes``;
+    a copy some live process holds is skipped. Returns the names removed."""
+    root = node_cache_root()
+    if max_bytes is None or not root.is_dir():
+        return []
+    copies = [path for path in root.iterdir() if (path / COMPLETE).exists()]
+    sizes = {path: sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) for path in copies}
+    used = {path: _mtime(path.with_name(f"{path.name}.use")) for path in copies}
+    total, removed = sum(sizes.values()), []
+    for path in sorted(copies, key=used.get):
+        if total <= max_bytes:
+            break
+        with open(path.with_name(f"{path.name}.use"), "a") as in_use:
+            try:
+                fcntl.flock(in_use, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live process holds it: kept
+            doomed = path.with_name(f"{path.name}.staging-pruned-{os.getpid()}")
+            (path / COMPLETE).unlink(missing_ok=True)  # no longer whole: nobody starts to use it
+            os.rename(path, doomed)  # out of the name's place first: a new copy of the name never meets the removal
+            fcntl.flock(in_use, fcntl.LOCK_UN)
+        shutil.rmtree(doomed, ignore_errors=True)
+        total -= sizes[path]
+        removed.append(path.name)
+    if removed:
+        print(f"[raoe] node cache over {MAX_GB_ENV}: removed {removed} (least recently used)", flush=True)
+    return removed
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _max_bytes() -> int | None:
+    value = os.environ.get(MAX_GB_ENV)
+    return None if not value else int(float(value) * (1 << 30))
 
 
 @contextlib.contextmanager

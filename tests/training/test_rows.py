@@ -1,7 +1,12 @@
 """The corpus as workers see it: content-ordered Arrow blocks in Ray's object store, rows taken by index, the next
 micro-batch prepared in the background."""
 
+import os
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -9,6 +14,8 @@ import pytest
 
 from training.plan import plan_steps
 from training.rows import CorpusRows, MicroBatchFeed, content_ordered
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ROWS = [{"text": f"sentence {i}", "negative": None if i % 3 else f"not sentence {i}"} for i in range(50)]
 
@@ -188,4 +195,37 @@ def test_a_node_copies_a_folder_once_whoever_asks_at_the_same_time(tmp_path, mon
         thread.join()
     assert not errors and len(copies) == 1 and len(set(got)) == 1 and len(got) == 4
     assert (got[0] / "a.arrow").read_bytes() == b"a" * 100_000 and (got[0] / "sub" / "b.npy").read_bytes() == b"b" * 10
-    assert sorted(p.name for p in (tmp_path / "node").iterdir()) == ["corpus-x", "corpus-x.lock"]
+    assert sorted(p.name for p in (tmp_path / "node").iterdir()) == ["corpus-x", "corpus-x.lock", "corpus-x.use"]
+
+
+def test_node_copies_over_the_limit_go_least_recently_used_first_never_one_in_use(tmp_path, monkeypatch):
+    """RAOE_NODE_CACHE_MAX_GB: a new copy removes whole copies by least recent use until the node's fit; a copy a
+    live process holds (this one's, or another's still running) stays; a removed copy is made again when asked."""
+    import storage.node_cache as node_cache
+
+    node = tmp_path / "node"
+    monkeypatch.setenv("RAOE_NODE_CACHE", str(node))
+    for name in "abcd":
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rows.arrow").write_bytes(name.encode() * 1_000_000)
+    code = ("import sys; from storage.node_cache import node_copy; "
+            "[node_copy(sys.argv[2] + '/' + n, 'corpus-' + n) for n in sys.argv[1]]; print('held', flush=True); "
+            "sys.stdin.read()")  # asks for copies, holds them until its input ends
+    env = {**os.environ, "RAOE_NODE_CACHE": str(node)}
+    run = dict(env=env, cwd=ROOT, input="", check=True, capture_output=True)
+    subprocess.run([sys.executable, "-c", code, "ab", str(tmp_path)], **run)
+    holder = subprocess.Popen([sys.executable, "-c", code, "c", str(tmp_path)], env=env, cwd=ROOT,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        now = time.time()
+        for name, age in (("c", 300), ("a", 200), ("b", 100)):  # c least recently used, but in use
+            os.utime(node / f"corpus-{name}.use", (now - age, now - age))
+        monkeypatch.setenv("RAOE_NODE_CACHE_MAX_GB", str(2.5e6 / (1 << 30)))
+        node_cache.node_copy(str(tmp_path / "d"), "corpus-d")
+        assert sorted(p.name for p in node.iterdir() if p.is_dir()) == ["corpus-c", "corpus-d"]
+    finally:
+        holder.communicate("")
+    assert node_cache.prune(0) == ["corpus-c"]  # its holder is gone; corpus-d is this process's
+    subprocess.run([sys.executable, "-c", code, "a", str(tmp_path)], **run)
+    assert (node / "corpus-a" / "rows.arrow").read_bytes() == b"a" * 1_000_000  # copied again, whole
