@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from encoders.model_files import MODEL_CARD, RAOE_META  # noqa: F401  (MODEL_CARD re-exported)
 from encoders.relation_table import save_relation_table
 
 # raoe's settings on every model it builds or loads (``model.encoder_settings``): what training ran, for inference
@@ -23,8 +24,6 @@ from encoders.relation_table import save_relation_table
 
 # raoe's pooling names -> sentence-transformers' Pooling modes
 POOLING_MODES = {"mean": "mean", "cls": "cls", "last_token": "lasttoken"}
-RAOE_META = "raoe_encoder.json"
-MODEL_CARD = "README.md"  # the model card beside the weights (tracking.model_card writes it)
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,8 @@ import hashlib
 import shutil
 from pathlib import Path
 
-from encoders.backbone import MODEL_CARD, RAOE_META
 from encoders.cache import building, cache_root
-from encoders.relation_table import RELATIONS_JSON, RELATIONS_WEIGHTS
+from encoders.model_files import MODEL_CARD, RAOE_META, RELATIONS_JSON, RELATIONS_WEIGHTS
 from encoders.sources import resolve_model_source
 
 # raoe's files beside the sentence-transformers ones (its model card replaces the one the flavor writes)

@@ -10,9 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-RELATIONS_JSON = "relations.json"
-RELATIONS_WEIGHTS = "relations.safetensors"
-TABLE = "relation_vectors"  # the parameter's name on the training model
+from encoders.model_files import RELATIONS_JSON, RELATIONS_WEIGHTS, TABLE  # noqa: F401  (re-exported)
 
 
 def read_relation_table(folder: str | Path) -> tuple[list[str], np.ndarray] | None:

@@ -11,7 +11,6 @@ from typing import Callable
 
 import numpy as np
 
-from encoders.relational import normalised_weights, relation_pair_scores
 from evaluation.figures import pyplot, save_figure
 from storage.paths import storage_path
 
@@ -177,6 +176,8 @@ def pairs_spearman(encode: Encoder, pairs: STSPairs,
 def relation_sts_scorer(names: list[str], vectors: np.ndarray, weights: dict[str, float] | None):
     """A scorer for ``evaluate_sts`` / ``pairs_spearman``: an RSE model's relation-weighted score
     sum_k w_k cos(a + r_k, b), the max over both directions, in place of the cosine."""
+    from encoders.relational import normalised_weights, relation_pair_scores  # torch: not for a driver reading STS-B
+
     w = normalised_weights(names, weights)
 
     def score(encode: Encoder, pairs: STSPairs) -> np.ndarray:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from objectives._common import pair_cosine
 from objectives.angle import angle_ibn_loss, angle_ibn_share, angle_loss
-from objectives.catalog import DEFAULTS, PRESETS  # noqa: F401  (PRESETS re-exported)
+from objectives.catalog import CATALOG, PRESETS, Declaration, fields_read  # noqa: F401  (PRESETS, fields_read re-exported)
 from objectives.contrastive import hince_loss, hince_share, infonce_loss
 from objectives.gated_angle import gated_angle_loss
 from objectives.gather import sum_over_workers, summed, world_position
@@ -69,23 +69,27 @@ class EmbeddingBatch:
 
 @dataclass(frozen=True)
 class ObjectiveSpec:
+    """What an objective computes; what it reads and its defaults are declared in ``objectives.catalog`` (free of
+    torch, for config validation and the driver's checks), and tests/objectives check those declarations against
+    what ``compute`` really reads."""
+
     name: str
     summary: str
     references: tuple[Reference, ...]  # the papers it implements (objectives.references)
-    defaults: dict[str, Any]
     compute: Callable[[EmbeddingBatch, dict[str, Any]], torch.Tensor] = field(repr=False)
-    # The batch fields it reads, declared: ``requires`` always; ``accepts`` when the data provides them; of ``either``
-    # the first the data provides (AnglE's in-batch positives: NLI labels, else S). tests/objectives check these
-    # declarations against what ``compute`` really reads.
-    requires: tuple[str, ...] = ()
-    accepts: tuple[str, ...] = ()
-    either: tuple[str, ...] = ()
-    # Rows one optimizer step must hold: objectives that rank or contrast the rows of a step (pair ranking, angles,
-    # in-batch negatives) are 0 with a gradient of 0 on one row. ListMLE ranks within each list.
-    min_rows: int = 2
     # The in-batch losses: this worker's share, from the anchors ``rows`` of the global batch (batch, params, rows);
     # the shares of workers that split the anchors sum to ``compute``'s value, gradient included
     share: Callable[[EmbeddingBatch, dict[str, Any], slice], torch.Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def declared(self) -> Declaration:
+        return CATALOG[self.name]
+
+    defaults = property(lambda self: self.declared.defaults)
+    requires = property(lambda self: self.declared.requires)
+    accepts = property(lambda self: self.declared.accepts)
+    either = property(lambda self: self.declared.either)
+    min_rows = property(lambda self: self.declared.min_rows)
 
 
 def _positive_pairs(batch: EmbeddingBatch, threshold: float) -> torch.Tensor:
@@ -114,33 +118,27 @@ SPECS: dict[str, ObjectiveSpec] = {
     s.name: s
     for s in [
         ObjectiveSpec(
-            "rank_margin", "RAOE Rank Margin, Eq. 2", (RAOE,), DEFAULTS["rank_margin"],
+            "rank_margin", "RAOE Rank Margin, Eq. 2", (RAOE,),
             lambda b, p: rank_margin_loss(b.cosines(), b.require("rank_margin", "scores")[0], **p),
-            requires=("emb1", "emb2", "scores"),
         ),
         ObjectiveSpec(
-            "gated_angle", "RAOE Gated Angular, Eq. 3", (RAOE,), DEFAULTS["gated_angle"],
+            "gated_angle", "RAOE Gated Angular, Eq. 3", (RAOE,),
             lambda b, p: gated_angle_loss(b.cosines(), *b.require("gated_angle", "labels", "scores"), **p),
-            requires=("emb1", "emb2", "labels", "scores"),
         ),
         ObjectiveSpec(
-            "cosent", "CoSENT / AnglE cosine objective, Eq. 1", (COSENT, ANGLE), DEFAULTS["cosent"],
+            "cosent", "CoSENT / AnglE cosine objective, Eq. 1", (COSENT, ANGLE),
             lambda b, p: cosent_loss(b.cosines(), b.require("cosent", "scores")[0], **p),
-            requires=("emb1", "emb2", "scores"),
         ),
         ObjectiveSpec(
-            "angle", "AnglE complex-space angle objective, Eq. 4-7", (ANGLE,), DEFAULTS["angle"],
+            "angle", "AnglE complex-space angle objective, Eq. 4-7", (ANGLE,),
             lambda b, p: angle_loss(*b.require("angle", "emb1", "emb2", "scores"), **p),
-            requires=("emb1", "emb2", "scores"),
         ),
         ObjectiveSpec(
             "angle_ibn", "AnglE in-batch negatives with supervised positives, Eq. 2", (ANGLE,),
-            DEFAULTS["angle_ibn"],
             lambda b, p: angle_ibn_loss(
                 *b.require("angle_ibn", "emb1", "emb2"), _positive_pairs(b, p["positive_threshold"]),
                 tau=p["tau"], ids1=b.ids1, ids2=b.ids2,
             ),
-            requires=("emb1", "emb2"), accepts=("ids1", "ids2"), either=("labels", "scores"),
             share=lambda b, p, rows: angle_ibn_share(
                 *b.require("angle_ibn", "emb1", "emb2"), _positive_pairs(b, p["positive_threshold"]), rows,
                 tau=p["tau"], ids1=b.ids1, ids2=b.ids2,
@@ -148,31 +146,28 @@ SPECS: dict[str, ObjectiveSpec] = {
         ),
         ObjectiveSpec(
             "infonce", "Supervised SimCSE InfoNCE (hard negatives optional)",
-            (SIMCSE,), DEFAULTS["infonce"],
+            (SIMCSE,),
             lambda b, p: infonce_loss(*b.require("infonce", "emb1", "emb2"), b.emb_neg, negative_mask=b.neg_mask,
                                       anchor_ids=b.ids1, positive_ids=b.ids2, negative_ids=b.ids_neg, **p),
-            requires=("emb1", "emb2"), accepts=("emb_neg", "neg_mask", "ids1", "ids2", "ids_neg"),
             share=lambda b, p, rows: hince_share(*b.require("infonce", "emb1", "emb2"), b.emb_neg, rows, tau1=p["tau"],
                                                  tau2=p["tau"], negative_mask=b.neg_mask, anchor_ids=b.ids1,
                                                  positive_ids=b.ids2, negative_ids=b.ids_neg),
         ),
         ObjectiveSpec(
-            "hince", "Hierarchical InfoNCE, Eq. 2", (SAN,), DEFAULTS["hince"],
+            "hince", "Hierarchical InfoNCE, Eq. 2", (SAN,),
             lambda b, p: hince_loss(*b.require("hince", "emb1", "emb2", "emb_neg"), negative_mask=b.neg_mask, **p),
-            requires=("emb1", "emb2", "emb_neg"), accepts=("neg_mask",),
             share=lambda b, p, rows: hince_share(*b.require("hince", "emb1", "emb2", "emb_neg"), rows,
                                                  negative_mask=b.neg_mask, **p),
         ),
-        ObjectiveSpec("listmle", "ListMLE on refined targets, Eq. 5-8", (RANKED_LISTS,), DEFAULTS["listmle"],
-                      _listmle, requires=("list_emb", "list_target"), accepts=("list_mask",), min_rows=1),
+        ObjectiveSpec("listmle", "ListMLE on refined targets, Eq. 5-8", (RANKED_LISTS,),
+                      _listmle),
         ObjectiveSpec(
             "relational", "RSE relational contrastive objective, Eq. 1-2",
-            (RSE,), DEFAULTS["relational"],
+            (RSE,),
             lambda b, p: relational_loss(
                 *b.require("relational", "emb1", "emb2", "relation", "relation_table"), b.emb_neg, b.ids1, b.ids2,
                 b.ids_neg, **p
             ),
-            requires=("emb1", "emb2", "relation", "relation_table"), accepts=("emb_neg", "ids1", "ids2", "ids_neg"),
             share=lambda b, p, rows: relational_share(
                 *b.require("relational", "emb1", "emb2", "relation", "relation_table"), b.emb_neg, b.ids1, b.ids2,
                 b.ids_neg, rows, **p
@@ -181,23 +176,7 @@ SPECS: dict[str, ObjectiveSpec] = {
     ]
 }
 
-assert set(SPECS) == set(DEFAULTS), "objectives.catalog names every objective composite computes"
-
-
-def fields_read(weights: dict[str, float], provided: tuple[str, ...] | set[str]) -> set[str]:
-    """The batch fields the composite of ``weights`` reads from data that provides ``provided``, from the
-    objectives' declarations; ValueError naming the objective and the missing fields when the data cannot serve it."""
-    provided, read = set(provided), set()
-    for name in (n for n, w in weights.items() if float(w) != 0.0):
-        spec = SPECS[name]
-        missing = [f for f in spec.requires if f not in provided]
-        if spec.either and not provided & set(spec.either):
-            missing.append(" or ".join(spec.either))
-        if missing:
-            raise ValueError(f"objective {name!r} needs batch fields {missing}; this data does not provide them")
-        picked = [f for f in spec.either if f in provided][:1]
-        read |= set(spec.requires) | (set(spec.accepts) & provided) | set(picked)
-    return read
+assert set(SPECS) == set(CATALOG), "objectives.catalog declares every objective composite computes"
 
 
 def objective_params(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

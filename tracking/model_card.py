@@ -7,7 +7,7 @@ import importlib.metadata
 from pathlib import Path
 from typing import Any
 
-from encoders.backbone import MODEL_CARD
+from encoders.model_files import MODEL_CARD
 
 CARD = MODEL_CARD
 

@@ -19,6 +19,9 @@ from pathlib import Path
 from runtime.result import root_cause
 from storage.paths import storage_path
 
+MODEL_DIR = "model"  # a checkpoint's exported encoder
+PROGRESS_FILE = "progress.json"  # step, best dev and the dev curve, readable without torch or DeepSpeed
+
 MANIFEST = "manifest-rank{rank}.json"
 
 

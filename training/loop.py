@@ -30,7 +30,7 @@ from evaluation.retrieval import dev_ndcg_at_10
 from evaluation.sts import pairs_spearman, relation_sts_scorer
 from objectives.composite import CompositeObjective
 from tracking.metrics import MetricsLog
-from training.checkpoints import report_checkpoint, resume_folder, write_failed, write_manifest
+from training.checkpoints import MODEL_DIR, PROGRESS_FILE, report_checkpoint, resume_folder, write_failed, write_manifest
 from training.kinds import TRAINING_KINDS, BatchContext, ModelAdditions
 from training.plan import StepPlan
 from training.readiness import Readiness
@@ -38,9 +38,6 @@ from training.rows import CorpusRows, MicroBatchFeed
 from training.step import Stepper
 from training.strategy import STRATEGIES
 from training.worker_config import DevSet, WorkerConfig
-
-MODEL_DIR = "model"
-PROGRESS_FILE = "progress.json"  # step, best dev and the dev curve, readable without torch or DeepSpeed
 
 
 def seed_everything(seed: int) -> None:

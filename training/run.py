@@ -21,7 +21,7 @@ from encoders.sources import cache_root
 from evaluation.retrieval import read_dev_set
 from evaluation.sts import stsb_dev_pairs
 from jobconfig.schema import TrainJobConfig, objective_params
-from objectives.composite import SPECS, CompositeObjective, fields_read
+from objectives.catalog import CATALOG, fields_read
 from runtime.local_ray import ray_session, runs_local_ray, worker_env
 from runtime.tracking_store import ensure_experiment, tracking_uri
 from storage.node_cache import node_cache_root
@@ -29,9 +29,8 @@ from storage.paths import StagedFolder, absolute, join, staged_folder
 from tracking.metrics import RunTarget, metric_name, with_retries
 from tracking.model_card import model_card, write_model_card
 from tracking.model_registry import REGISTERED, log_and_register, run_for_name
-from training.checkpoints import refuse_other_corpus, storage_failure
+from training.checkpoints import MODEL_DIR, PROGRESS_FILE, refuse_other_corpus, storage_failure
 from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, DataKind, corpus_cache_dir
-from training.loop import MODEL_DIR, PROGRESS_FILE, train_loop_per_worker
 from training.plan import elastic_chunk, plan_steps
 from training.rows import CorpusBlocks, content_ordered, write_files
 from training.worker_config import RETRIEVAL_DEV_METRIC, STS_DEV_METRIC, DevSet, WorkerConfig
@@ -52,7 +51,7 @@ def choose_kind(cfg: TrainJobConfig) -> tuple[DataKind, set[str]]:
         if name != "pairs":
             raise ValueError("data.triplets builds SimCSE triplets from NLI pairs; it needs a stage1 (NLI) job")
         name = "triplets"
-    if name == "sentences" and any("emb_neg" in SPECS[n].requires for n in cfg.objective.weights):
+    if name == "sentences" and any("emb_neg" in CATALOG[n].requires for n in cfg.objective.weights):
         name = "sentences_san"  # aligned negatives only when the objective needs them: a SAN corpus trains SimCSE too
     return TRAINING_KINDS[name], check_objective_fits(cfg.objective.weights, TRAINING_KINDS[name].provides)
 
@@ -68,7 +67,7 @@ def check_objective_fits(weights: dict[str, float], provided: tuple[str, ...]) -
 
 def check_batch_fits(weights: dict[str, float], global_batch: int) -> None:
     """Refuse a global batch smaller than an objective needs (one RAOE pair trains to a loss and gradient of 0)."""
-    short = {n: SPECS[n].min_rows for n, w in weights.items() if float(w) != 0.0 and SPECS[n].min_rows > global_batch}
+    short = {n: CATALOG[n].min_rows for n, w in weights.items() if float(w) != 0.0 and CATALOG[n].min_rows > global_batch}
     for name, rows in short.items():
         raise ValueError(f"trainer.global_batch_size={global_batch} is too small for objective {name!r}: it compares "
                          f"the rows of a step and needs at least {rows}")
@@ -171,11 +170,17 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
                                finished)
             card = write_model_card(out.local / MODEL_DIR, model_card(
                 cfg, {**payload, "registered_model": registered if register else None},
-                CompositeObjective(cfg.objective.weights, pre.params).describe(), pre.kind.unit))
+                _objective_description(cfg, pre), pre.kind.unit))
             out.publish()  # the model is kept before anything is logged: a tracking outage cannot lose it
             payload.update(_log_and_register(cfg, pre, payload, history, curve, card, report, plan, finished,
                                              out.local, registered if register else None))
     return {**payload, "seconds": time.time() - started}
+
+
+def _objective_description(cfg: TrainJobConfig, pre: Preflight) -> dict:
+    from objectives.composite import CompositeObjective  # torch: loaded by the driver once the corpus is read
+
+    return CompositeObjective(cfg.objective.weights, pre.params).describe()
 
 
 def _output_dir(cfg: TrainJobConfig) -> str:
@@ -292,6 +297,8 @@ def _fit(cfg: TrainJobConfig, worker_config: WorkerConfig, run_name: str, callba
     """The Ray Train worker group; a checkpoint that cannot be written ends the run with where and what to do."""
     import ray.train
     from ray.train.torch import TorchConfig
+
+    from training.loop import train_loop_per_worker  # torch, DeepSpeed: the driver loads them once the corpus is read
 
     t = cfg.trainer
     if t.elastic and t.max_failures == 0:

@@ -155,11 +155,12 @@ def test_a_typo_inside_a_list_of_sections_names_the_item_and_the_allowed_keys():
         load_config(RelationalJobConfig, None, ["trainer.strategy=deepspeed", "trainer.zero_stage=3"])
 
 
-def test_validating_a_config_does_not_load_torch():
-    """The schema reads objective names and defaults from objectives.catalog: a job's --help, config validation and
-    the Ray Data tasks that carry a config section (RSE's relation preparation) load no torch (~250 MB a process);
-    objectives.composite computes exactly the objectives the catalog names."""
-    code = ("import sys; import jobconfig.schema, data_pipelines.relations; "
+def test_validating_a_config_and_reading_the_corpus_do_not_load_torch():
+    """The schema and the driver's checks read objectives.catalog, the kinds table names its batch builders to import
+    on first call: a job's --help, config validation, the driver until its corpus is read (a corpus whose every row
+    is bad fails at ~330 MB, not ~510) and the Ray Data tasks that carry a config section (RSE's relation
+    preparation) load no torch (~250 MB a process); objectives.composite computes exactly what the catalog names."""
+    code = ("import sys; import jobconfig.schema, data_pipelines.relations, training.run, tuning.sweep; "
             "print('torch' in sys.modules)")
     loaded = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], check=True,
                             capture_output=True, text=True).stdout.strip()

@@ -16,12 +16,8 @@ import numpy as np
 import torch
 
 from encoders.backbone import TokenCache, dropout_settings, dropout_settings_applied, forward_in_length_buckets, text_ids
-from objectives.composite import EmbeddingBatch
 from objectives.gather import gather_no_grad
-from storage.paths import absolute
-
-# Where scores and labels come from in a corpus row.
-FIELD_COLUMNS = {"scores": "similarity", "labels": "label"}
+from training.kinds.kind import FIELD_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -81,51 +77,6 @@ class ModelAdditions:
 # A chunk's embeddings by name: tensors whose rows follow the chunk's rows in order (a ranked list's sentences flat,
 # list after list), so the chunks of a worker's micro-batch concatenate into the embeddings of its rows.
 Embeddings = dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class DataKind:
-    """One kind of training data. The driver prepares its rows (``corpus_to_rows`` on the validated corpus, or
-    ``load`` for a corpus that is not one ``data.train``), each worker adds its trainable state (``setup_model``),
-    encodes each chunk of its rows (``embed``) and gathers its micro-batch into the global batch (``assemble``), and
-    the driver reports after training (``finish``)."""
-
-    name: str
-    corpus: str  # the reader's corpus kind (data_pipelines.formats.CORPUS_KINDS)
-    provides: tuple[str, ...]  # EmbeddingBatch fields this data can fill
-    embed: Callable[[BatchContext, dict[str, np.ndarray]], Embeddings]  # one chunk through the encoder
-    # (worker's rows, their embeddings) -> the gathered batch: every worker gathers the same fields in the same order
-    assemble: Callable[[BatchContext, dict[str, np.ndarray], Embeddings], EmbeddingBatch]
-    # The (texts, buckets or None) of every ``ctx.encode`` call ``embed`` makes on a chunk, in order: tokenised
-    # ahead by the feed. ``embed`` and its encode_calls read their texts through the same function.
-    encode_calls: Callable[[BatchContext, dict[str, np.ndarray]], list[tuple[list[str], int | None]]]
-    unit: str = "pairs"  # what one row is, for progress lines
-    corpus_to_rows: Callable[..., object] | None = None  # (validated corpus, job config, start model) -> rows
-    # (job config, quarantine path) -> (Ray Dataset of training rows, DataReport, extras for workers and ``finish``)
-    load: Callable[..., tuple] | None = None
-    setup_model: Callable[..., ModelAdditions] | None = None  # (model, extras, start folder, seed), on every worker
-    finish: Callable[..., dict] | None = None  # (job config, model folder, extras, output folder) -> metrics
-
-    def build(self, ctx: BatchContext, rows: dict[str, np.ndarray]) -> EmbeddingBatch:
-        """The gathered batch of ``rows`` encoded as one chunk."""
-        return self.assemble(ctx, rows, self.embed(ctx, rows))
-
-    def prepare(self, ds, rows: int, cfg, start_model: str):
-        """(training dataset, row count) from the validated corpus of ``rows`` records."""
-        if self.corpus_to_rows is None:
-            return ds, rows
-        ds = self.corpus_to_rows(ds, cfg, start_model).materialize()
-        count = ds.count()
-        if count == 0:
-            raise ValueError(f"none of the {rows} records of {cfg.data.train} gives {self.unit}")
-        print(f"[raoe] {count} {self.unit} from {rows} records", flush=True)
-        return ds, count
-
-
-def corpus_cache_dir(cfg) -> str | None:
-    """Where validated corpora, and what the driver derives from them at a cost (the lists' teacher matrices), are
-    kept (data.cache): beside the checkpoints, on storage every node reaches (a shared folder or an object store)."""
-    return f"{absolute(cfg.trainer.storage_path).rstrip('/')}/corpus_cache" if cfg.data.cache else None
 
 
 @contextlib.contextmanager

@@ -20,7 +20,8 @@ from encoders.model_uris import resolve_model
 from objectives.composite import EmbeddingBatch
 from objectives.gather import gather_no_grad, gather_with_grad
 from storage.paths import join
-from training.kinds.base import BatchContext, corpus_cache_dir
+from training.kinds.base import BatchContext
+from training.kinds.kind import corpus_cache_dir
 
 
 class ListTeacher:
