@@ -144,12 +144,13 @@ class Share:
     relation: str
     bucket: int
     buckets: int
+    rows: int  # the share's triples: what its task must be handed, whole
     heldout: int
     kept: int
     extra: int
 
 
-def relation_plan(slot_counts: dict[str, np.ndarray], names: list[str], data_cfg,
+def relation_plan(slot_counts: dict[str, np.ndarray], data_cfg,
                   rows_per_task: int = RELATION_TASK_ROWS) -> dict[tuple[str, int], Share]:
     """Each relation split into ``ceil(rows / rows_per_task)`` tasks by content-hashed slots, with the relation's
     held-out slice (min(data.heldout, rows // 2)), cap and fractional weight's extra draws apportioned over its tasks
@@ -166,7 +167,7 @@ def relation_plan(slot_counts: dict[str, np.ndarray], names: list[str], data_cfg
         weight = data_cfg.weights.get(name, 1.0)
         extra = _apportion(round((weight - math.floor(weight)) * int(kept.sum())), kept)
         for b in range(buckets):
-            plan[name, b] = Share(name, b, buckets, int(heldout[b]), int(kept[b]), int(extra[b]))
+            plan[name, b] = Share(name, b, buckets, int(rows[b]), int(heldout[b]), int(kept[b]), int(extra[b]))
     return plan
 
 
@@ -200,6 +201,9 @@ def prepare_share(rows, share: Share, names: list[str], data_cfg, seed: int):
     every triple without one; with ``relation_id``."""
     import pandas as pd
 
+    if len(rows) != share.rows:  # a share split over calls would apply its counts to each piece
+        raise RuntimeError(f"share {share.bucket} of relation {share.relation!r} arrived with {len(rows)} of its "
+                           f"{share.rows} triples")
     index = names.index(share.relation)
     rng = np.random.default_rng([seed, index] if share.buckets == 1 else [seed, index, share.bucket])
     rows = rows[TRIPLE_COLUMNS].sort_values(["head", "tail", "negative"], na_position="first").reset_index(drop=True)
@@ -218,7 +222,7 @@ def prepare_triples(frame, data_cfg, seed: int, rows_per_task: int = RELATION_TA
 
     slot_counts = _add_slot_counts({}, _count_slots(frame, seed))
     names = relation_set({n: int(c.sum()) for n, c in slot_counts.items()}, data_cfg)
-    plan = relation_plan(slot_counts, names, data_cfg, rows_per_task)
+    plan = relation_plan(slot_counts, data_cfg, rows_per_task)
     shares = frame.assign(_bucket=_buckets(frame, plan, seed)).groupby(["relation", "_bucket"])
     parts = [prepare_share(group, plan[name, bucket], names, data_cfg, seed) for (name, bucket), group in shares]
     both = pd.concat(parts, ignore_index=True).sort_values("relation_id", kind="stable").reset_index(drop=True)
@@ -254,20 +258,17 @@ def prepare_triples_ds(ds, data_cfg, seed: int, rows_per_task: int = RELATION_TA
             batch_format="pandas", batch_size=None):
         _add_slot_counts(slot_counts, counts)
     names = relation_set({n: int(c.sum()) for n, c in slot_counts.items()}, data_cfg)
-    plan = relation_plan(slot_counts, names, data_cfg, rows_per_task)
-    shares = sorted(plan)  # share i is block i: a sort on its number with fixed boundaries, so one task holds it
+    plan = relation_plan(slot_counts, data_cfg, rows_per_task)
+    shares = sorted(plan)  # one group each: map_groups hands a task a whole group, never a piece of one
     number = {key: i for i, key in enumerate(shares)}
 
     def numbered(frame):
         return frame.assign(_share=[number[key] for key in zip(frame["relation"], _buckets(frame, plan, seed))])
 
-    def prepared(rows):  # one share a block; grouped all the same, should Ray Data ever merge blocks
-        parts = [prepare_share(group, plan[shares[i]], names, data_cfg, seed) for i, group in rows.groupby("_share")]
-        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
-            {**{c: pd.Series(dtype=object) for c in [*TRIPLE_COLUMNS, "split"]}, "relation_id": pd.Series(dtype="int64")})
-
-    both = (ds.map_batches(numbered, batch_format="pandas").sort("_share", boundaries=list(range(1, len(shares))))
-            .map_batches(prepared, batch_size=None, batch_format="pandas").materialize())
+    both = (ds.map_batches(numbered, batch_format="pandas")
+            .groupby("_share", num_partitions=len(shares))
+            .map_groups(lambda rows: prepare_share(rows, plan[shares[int(rows["_share"].iloc[0])]], names, data_cfg,
+                                                   seed), batch_format="pandas").materialize())
     train = both.map_batches(_split_rows("train"), batch_format="pyarrow").materialize()
     counts = {n: 0 for n in names} | relation_counts(train)
     if not sum(counts.values()):

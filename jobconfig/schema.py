@@ -95,7 +95,7 @@ class TrainerConfig(Section):
                        "exports stay fp32 under DDP and DeepSpeed alike")
     length_buckets: int = Field(2, ge=1, description="forward passes per chunk over its texts grouped by length "
                                 "(each padded to its own longest text); 1 = one pass")
-    seed: int = Field(42, description="seeds Python, NumPy, torch and the data order")
+    seed: int = Field(42, ge=0, description="seeds Python, NumPy, torch and the data order")
     cpus_per_worker: float = Field(0.5, gt=0, description="fractional on CPU so Ray Data readers never starve")
     use_gpu: bool = Field(False)
     eval_every: int = Field(50, ge=1, description="steps between STS-B dev evaluations and checkpoints")

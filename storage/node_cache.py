@@ -18,6 +18,7 @@ import fcntl
 import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 
 from storage.paths import ABANDONED_AFTER_S, files_under, is_uri, storage_path
@@ -39,6 +40,7 @@ def node_copy(source: str, name: str, files: list[str] | None = None, contents: 
     target = node_cache_root() / name
     if target in _HELD:
         return target
+    max_bytes = _max_bytes()  # a malformed limit fails before the copy, not after
     target.parent.mkdir(parents=True, exist_ok=True)
     copied = False
     while target not in _HELD:
@@ -55,7 +57,7 @@ def node_copy(source: str, name: str, files: list[str] | None = None, contents: 
         else:
             in_use.close()
     if copied:
-        prune(_max_bytes())
+        prune(max_bytes)
     return target
 
 
@@ -65,8 +67,8 @@ def prune(max_bytes: int | None) -> list[str]:
     root = node_cache_root()
     if max_bytes is None or not root.is_dir():
         return []
-    copies = [path for path in root.iterdir() if (path / COMPLETE).exists()]
-    sizes = {path: sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) for path in copies}
+    copies = [path for path in root.iterdir() if ".staging-" not in path.name and (path / COMPLETE).exists()]
+    sizes = {path: _size(path) for path in copies}
     used = {path: _mtime(path.with_name(f"{path.name}.use")) for path in copies}
     total, removed = sum(sizes.values()), []
     for path in sorted(copies, key=used.get):
@@ -77,7 +79,9 @@ def prune(max_bytes: int | None) -> list[str]:
                 fcntl.flock(in_use, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 continue  # a live process holds it: kept
-            doomed = path.with_name(f"{path.name}.staging-pruned-{os.getpid()}")
+            if not (path / COMPLETE).exists():
+                continue  # another pruner took it first (and a new copy of the name may be on its way)
+            doomed = path.with_name(f"{path.name}.staging-pruned-{uuid.uuid4().hex}")
             (path / COMPLETE).unlink(missing_ok=True)  # no longer whole: nobody starts to use it
             os.rename(path, doomed)  # out of the name's place first: a new copy of the name never meets the removal
             fcntl.flock(in_use, fcntl.LOCK_UN)
@@ -89,6 +93,16 @@ def prune(max_bytes: int | None) -> list[str]:
     return removed
 
 
+def _size(folder: Path) -> int:
+    """Bytes under ``folder``; files another pruner removes meanwhile count 0."""
+    total = 0
+    for base, _, names in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(base, name)).st_size
+    return total
+
+
 def _mtime(path: Path) -> float:
     try:
         return path.stat().st_mtime
@@ -98,7 +112,12 @@ def _mtime(path: Path) -> float:
 
 def _max_bytes() -> int | None:
     value = os.environ.get(MAX_GB_ENV)
-    return None if not value else int(float(value) * (1 << 30))
+    if not value:
+        return None
+    try:
+        return int(float(value) * (1 << 30))
+    except ValueError:
+        raise ValueError(f"{MAX_GB_ENV}={value!r} is not a number of GB") from None
 
 
 @contextlib.contextmanager

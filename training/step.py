@@ -115,7 +115,10 @@ class Stepper:
         batch = self.kind.assemble(self.batches, rows, leaves)
         share, parts = self.objective(batch)
         direct = batch.trainable()  # parameters the objective reads itself: their gradient goes with the last chunk
-        grads = torch.autograd.grad(share, [*leaves.values(), *direct])  # the gathers' backward adds up the shares
+        # the gathers' backward adds up the shares; an embedding the objective does not read (triplets' negatives
+        # under AnglE's in-batch negatives alone) gets a zero gradient. Whether it is read is decided from the
+        # config and the gathered batch, never from a worker's own rows: every worker runs the same gathers' backward
+        grads = torch.autograd.grad(share, [*leaves.values(), *direct], allow_unused=True, materialize_grads=True)
         by_chunk = {name: torch.split(g, sizes[name]) for name, g in zip(leaves, grads)}
         direct_grads = grads[len(leaves):]
         for k, chunk in enumerate(chunks):

@@ -149,7 +149,7 @@ def test_mined_triplets_without_a_negative_are_refused_by_name(ray_local):
 
     import ray
 
-    from training.kinds.text import mined_with_negatives
+    from training.kinds.corpus_rows import mined_with_negatives
 
     rows = ray.data.from_items([{"text1": "q", "text2": "p", "text_neg": "n"}, {"text1": "q2", "text2": "p2",
                                                                                "text_neg": None}])

@@ -146,7 +146,7 @@ def test_a_large_relation_is_prepared_in_shares_with_the_totals_of_one():
     assert shuffled.train.sort_values(key, ignore_index=True).equals(train.sort_values(key, ignore_index=True))
 
     slots = {"dup": np.bincount(np.arange(30) * 131 % SLOTS, minlength=SLOTS)}
-    plan = relation_plan(slots, ["dup"], cfg, rows_per_task=8)
+    plan = relation_plan(slots, cfg, rows_per_task=8)
     shares = [plan["dup", b] for b in range(4)]
     assert [s.buckets for s in shares] == [4] * 4  # ceil(30 / 8) tasks
     assert (sum(s.heldout for s in shares), sum(s.kept for s in shares), sum(s.extra for s in shares)) == (4, 20, 0)
@@ -161,22 +161,29 @@ def test_a_large_relation_is_prepared_in_shares_with_the_totals_of_one():
 @pytest.mark.parametrize("rows_per_task", [1_000_000, 8])
 def test_the_cluster_prepares_each_relation_as_this_process_does_whatever_the_block_order(ray_local, rows_per_task):
     """prepare_triples_ds (one Ray task per share of a relation, the triples left in the object store) gives the rows,
-    counts and held-out triples of prepare_triples, from blocks in any order."""
+    counts and held-out triples of prepare_triples, from blocks in any order, with blocks so small that a share
+    handed over in pieces would fail (each share checks it got all its triples)."""
     import ray
 
     from data_pipelines.relations import prepare_triples, prepare_triples_ds
 
     cfg = _data_cfg(heldout=4, caps={"dup": 20}, weights={"entailment": 1.5})
     local = prepare_triples(_frame(), cfg, seed=0, rows_per_task=rows_per_task)
-    for frame in (_frame().iloc[::-1],):  # blocks in another order than the local run read its rows
-        ds = ray.data.from_pandas([frame[:17], frame[17:33], frame[33:]])
-        got = prepare_triples_ds(ds, cfg, seed=0, rows_per_task=rows_per_task)
-        assert (got.relations, got.counts) == (local.relations, local.counts)
-        train = pd.DataFrame(got.train.take_all())[local.train.columns]
-        key = ["relation_id", "head", "tail", "negative"]
-        pd.testing.assert_frame_equal(train.sort_values(key, ignore_index=True),
-                                      local.train.sort_values(key, ignore_index=True), check_dtype=False)
-        assert sorted(map(tuple, got.heldout[key].values)) == sorted(map(tuple, local.heldout[key].values))
+    context = ray.data.DataContext.get_current()
+    block_bytes = context.target_max_block_size
+    context.target_max_block_size = 256  # bytes: the shuffle would cut a share into pieces if it could
+    try:
+        frame = _frame().iloc[::-1]  # blocks in another order than the local run read its rows
+        got = prepare_triples_ds(ray.data.from_pandas([frame[:17], frame[17:33], frame[33:]]), cfg, seed=0,
+                                 rows_per_task=rows_per_task)
+    finally:
+        context.target_max_block_size = block_bytes
+    assert (got.relations, got.counts) == (local.relations, local.counts)
+    train = pd.DataFrame(got.train.take_all())[local.train.columns]
+    key = ["relation_id", "head", "tail", "negative"]
+    pd.testing.assert_frame_equal(train.sort_values(key, ignore_index=True),
+                                  local.train.sort_values(key, ignore_index=True), check_dtype=False)
+    assert sorted(map(tuple, got.heldout[key].values)) == sorted(map(tuple, local.heldout[key].values))
 
 
 def test_relation_set_and_table_names_are_checked():

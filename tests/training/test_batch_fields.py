@@ -57,6 +57,10 @@ def test_a_one_row_batch_is_refused_for_objectives_that_compare_rows(weights, re
         check_batch_fits(weights, 1)
     check_batch_fits(weights, 2)
     check_batch_fits({"listmle": 1.0}, 1)  # ranks within each list
+    with pytest.raises(ValueError, match=f"global_batch_size=4 / trainer.grad_accum=4 = 1 rows a micro-batch is too "
+                                         f"small for objective '{refused}'"):
+        check_batch_fits(weights, 4, grad_accum=4)  # each micro-batch is its own objective
+    check_batch_fits(weights, 4, grad_accum=2)
     if refused == "rank_margin":  # the job refuses it before any Ray resource (no Ray is running here)
         with pytest.raises(ValueError, match="trainer.global_batch_size=1 is too small for objective 'rank_margin'"):
             run_training(tiny_config(tmp_path, "one-row", "trainer.global_batch_size=1"))
@@ -91,3 +95,19 @@ def test_mined_triplets_train_infonce_with_their_false_negatives_masked():
     masked = infonce_loss(batch.emb1, batch.emb2, batch.emb_neg, anchor_ids=batch.ids1, positive_ids=batch.ids2,
                           negative_ids=batch.ids_neg)
     assert loss.item() == pytest.approx(masked.item(), rel=1e-5) and abs(loss.item() - unmasked.item()) > 1e-3
+
+
+def test_negatives_the_objective_does_not_read_are_not_encoded(ray_local):
+    """Triplets trained with an objective that reads no negatives drop them before training (no forward, no gather);
+    one that reads them keeps them."""
+    import ray
+
+    from training.kinds import TRAINING_KINDS
+    from training.run import check_objective_fits, without_unread_negatives
+
+    ds = ray.data.from_items([{"text1": "a", "text2": "b", "text_neg": "c", "label": 0}])
+    provided = TRAINING_KINDS["triplets"].provides
+    kept = without_unread_negatives(ds, check_objective_fits({"infonce": 1.0}, provided))
+    dropped = without_unread_negatives(ds, check_objective_fits({"angle_ibn": 1.0}, provided))
+    assert "text_neg" in kept.columns() and "text_neg" not in dropped.columns()
+    assert TRAINING_KINDS["triplets"].encode_calls(None, dropped.take_batch(1)) == [(["a", "b"], None)]

@@ -2,8 +2,9 @@
 the driver prepares its rows and how a worker's micro-batch becomes the gathered (global) batch.
 
 The Ray Train loop and the driver only name a kind; adding one touches this table and a module beside it
-(``text`` for pairs, triplets and sentences, ``lists`` for ranked lists, ``triples`` for RSE). The table names those
-modules' functions, imported on first call (``kind.on_first_call``): the driver reads its corpus without torch."""
+(``text`` for pairs, triplets and sentences, ``lists`` for ranked lists, ``triples`` for RSE; the driver's side of
+each in ``corpus_rows``). The table names those modules' functions, imported on first call (``kind.on_first_call``):
+the driver reads its corpus without torch (the ranked lists' teacher excepted)."""
 
 import importlib
 
@@ -12,6 +13,10 @@ from training.kinds.kind import FIELD_COLUMNS, DataKind, corpus_cache_dir, on_fi
 
 def _text(name):
     return on_first_call("training.kinds.text", name)
+
+
+def _rows(name):
+    return on_first_call("training.kinds.corpus_rows", name)
 
 
 def _lists(name):
@@ -33,15 +38,15 @@ TRAINING_KINDS: dict[str, DataKind] = {
         DataKind(name="pairs", corpus="pairs", provides=(*_PAIR_FIELDS, "labels"), **_PAIRS),
         DataKind(name="sts", corpus="sts", provides=_PAIR_FIELDS, **_PAIRS),
         DataKind(name="triplets", corpus="pairs", provides=(*_PAIR_FIELDS, "labels", "emb_neg", "ids_neg"), **_PAIRS,
-                 unit="SimCSE triplets (premise, entailment, contradiction)", corpus_to_rows=_text("nli_to_triplets")),
+                 unit="SimCSE triplets (premise, entailment, contradiction)", corpus_to_rows=_rows("nli_to_triplets")),
         DataKind(name="mined_triplets", corpus="triplets", provides=(*_PAIR_FIELDS, "labels", "emb_neg", "ids_neg"),
                  **_PAIRS,
-                 unit="mined triplets (query, positive, hard negative)", corpus_to_rows=_text("mined_with_negatives")),
+                 unit="mined triplets (query, positive, hard negative)", corpus_to_rows=_rows("mined_with_negatives")),
         DataKind(name="sentences", corpus="sentences", provides=("emb1", "emb2", "ids1", "ids2"), **_SENTENCES,
-                 unit="sentences", corpus_to_rows=_text("sentences_only")),
+                 unit="sentences", corpus_to_rows=_rows("sentences_only")),
         DataKind(name="sentences_san", corpus="sentences",
                  provides=("emb1", "emb2", "emb_neg", "neg_mask", "ids1", "ids2"), **_SENTENCES,
-                 unit="sentences with aligned negatives", corpus_to_rows=_text("sentences_with_negatives")),
+                 unit="sentences with aligned negatives", corpus_to_rows=_rows("sentences_with_negatives")),
         DataKind(name="lists", corpus="lists", provides=("list_emb", "list_mask", "list_target"),
                  embed=_lists("lists_embed"), assemble=_lists("lists_batch"), encode_calls=_lists("lists_calls"),
                  unit="ranked lists",
@@ -49,7 +54,7 @@ TRAINING_KINDS: dict[str, DataKind] = {
         DataKind(name="triples", corpus="triples",
                  provides=("emb1", "emb2", "emb_neg", "ids1", "ids2", "ids_neg", "relation", "relation_table"),
                  embed=_triples("triples_embed"), assemble=_triples("triples_batch"),
-                 encode_calls=_triples("triples_calls"), unit="relation triples", load=_triples("load_relation_triples"),
+                 encode_calls=_triples("triples_calls"), unit="relation triples", load=_rows("load_relation_triples"),
                  setup_model=_triples("add_relation_table"), finish=_triples("relation_report")),
     ]
 }

@@ -1,6 +1,6 @@
 """The table entry of a kind of training data (``DataKind``) and what the driver reads of it before training, free
 of torch: the driver checks the config and reads and orders the corpus before it loads torch (a corpus whose every
-row is bad fails with the driver at ~300 MB, not ~500), and the batch-building functions (``training.kinds.base`` and
+row is bad fails with the driver at ~330 MB, not ~510), and the batch-building functions (``training.kinds.base`` and
 beside it) load on their first call."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def on_first_call(module: str, name: str) -> Callable:
         return getattr(importlib.import_module(module), name)(*args, **kwargs)
 
     call.__name__ = call.__qualname__ = name
+    call.module = module
     return call
 
 

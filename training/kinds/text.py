@@ -6,8 +6,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from data_pipelines.readers import count_where
-from data_pipelines.triplets import nli_triplets
 from objectives.composite import EmbeddingBatch
 from objectives.gather import gather_no_grad, gather_with_grad
 from training.kinds.base import BatchContext, dropout_rate
@@ -82,53 +80,3 @@ def sentences_batch(ctx: BatchContext, rows: dict[str, np.ndarray], local: dict[
     ids = ctx.gather_ids(texts)
     return EmbeddingBatch(emb1=gather_with_grad(local["emb1"]), emb2=gather_with_grad(local["emb2"]),
                           emb_neg=negative, neg_mask=mask, ids1=ids, ids2=ids)
-
-
-def nli_to_triplets(ds, cfg, start_model: str):
-    """NLI pairs -> (premise, entailment, contradiction), then shuffled with a seed (they come sorted by premise)
-    before data.max_rows, which counts triplets here: a pair subsample would break the groups."""
-    ds = nli_triplets(ds).random_shuffle(seed=cfg.data.shuffle_seed or cfg.trainer.seed)
-    return ds.limit(cfg.data.max_rows) if cfg.data.max_rows is not None else ds
-
-
-def _without_hard_negative(table):
-    import pyarrow.compute as pc
-
-    return pc.is_null(table["text_neg"])
-
-
-def mined_with_negatives(ds, cfg, start_model: str):
-    """Mined triplets (ray_jobs/mine_negatives.py writes them): every row must carry its hard negative, or the
-    negatives' slot of the step would hold fewer rows than its anchors."""
-    missing = count_where(ds, _without_hard_negative)
-    if missing:
-        raise ValueError(f"{missing} rows of {cfg.data.train} have no 'negative': data.format triplets_jsonl trains "
-                         "(query, positive, negative) rows; drop them or mine negatives for them")
-    return ds
-
-
-def sentences_only(ds, cfg, start_model: str):
-    return ds.select_columns(["text"])  # a SAN corpus trains plain SimCSE too: its negatives stay behind
-
-
-def _without_negative(table):
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    column = table["negative"]
-    if pa.types.is_null(column.type):
-        return pa.array([True] * len(column))
-    return pc.fill_null(pc.equal(column, ""), True)
-
-
-def sentences_with_negatives(ds, cfg, start_model: str):
-    """Every sentence trains, with or without its aligned negative (the paper trains SimCSE+SAN on all of Wiki1M;
-    HiNCE leaves a missing negative out of the softmax). A corpus with none is refused: it would be plain SimCSE."""
-    total, missing = ds.count(), count_where(ds, _without_negative)
-    if missing == total:
-        raise ValueError(f"the {total} sentences of {cfg.data.train} have no 'negative'; the objective (hince) needs "
-                         f"aligned negatives: generate them with ray_jobs/generate_san.py")
-    if missing:
-        print(f"[raoe] {missing} of {total} sentences have no aligned negative (guarded by generate_san): they train "
-              f"with in-batch candidates only", flush=True)
-    return ds.select_columns(["text", "negative"])

@@ -10,28 +10,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data_pipelines.relations import load_triples, prepare_triples_ds
 from encoders.relation_table import TABLE
 from encoders.relational import RelationalEncoder, attach_relation_table, plot_relation_similarity, relation_prediction
 from objectives.composite import EmbeddingBatch
 from objectives.gather import gather_no_grad, gather_with_grad
 from training.kinds.base import BatchContext, ModelAdditions
-
-
-def load_relation_triples(cfg, quarantine_path):
-    """RSE: every source as triples, then held-out slice, caps, weights and hard negatives (seeded)."""
-    triples_ds, report = load_triples(cfg.data, quarantine_path)
-    triples = prepare_triples_ds(triples_ds, cfg.data, cfg.trainer.seed)
-    unknown = sorted(set(cfg.eval.relation_weights or {}) - set(triples.relations))
-    if unknown:  # else the first dev evaluation fails in a worker, the steps before it lost
-        raise ValueError(f"eval.relation_weights names relation(s) {unknown} that the training triples do not hold; "
-                         f"their relations: {list(triples.relations)}")
-    print(f"[raoe] relations {triples.counts} (training triples), {len(triples.heldout)} held out", flush=True)
-    columns = ["head", "tail", "negative", "relation_id"]
-    extras = {"relations": triples.relations, "relation_lr": cfg.relational.relation_lr,
-              "init_std": cfg.relational.init_std, "heldout": triples.heldout.to_dict("records"),
-              "counts": triples.counts}
-    return triples.train.select_columns(columns), report, extras
 
 
 def add_relation_table(model, extras: dict, start_folder: str | None, seed: int) -> ModelAdditions:
