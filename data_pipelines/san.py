@@ -20,9 +20,7 @@ import difflib
 import functools
 import hashlib
 import json
-import os
 import time
-import uuid
 from pathlib import Path
 from typing import Literal
 
@@ -32,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from encoders.devices import actor_device, pool_resources
 from encoders.sources import cache_root, resolve_model_source
 from jobconfig.schema import TrustRemoteCode
+from storage.paths import write_whole
 
 # Table 2: human-annotated semantic importance of each part of speech (spaCy's universal POS tags).
 POS_IMPORTANCE = {"NOUN": 9, "VERB": 9, "ADJ": 8, "PROPN": 8, "ADV": 7, "PRON": 7, "CCONJ": 6, "DET": 6, "ADP": 5,
@@ -120,12 +119,9 @@ class Tagger:
             return json.loads(cache.read_text())
         lexicon = dict(zip(words, self._tag_alone(words)))
         if cache is not None:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            # a name of its own per writer: actors tagging the same vocabulary at once on a cold cache each write
-            # their own file and rename it whole (a shared ".tmp" could be renamed half-written by another)
-            tmp = cache.with_name(f"{cache.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-            tmp.write_text(json.dumps(lexicon))
-            tmp.replace(cache)
+            # actors tagging the same vocabulary at once on a cold cache each write their own staging file and
+            # rename it whole (a shared ".tmp" could be renamed half-written by another)
+            write_whole(cache, json.dumps(lexicon))
         return lexicon
 
     def __call__(self, words: list[str], spaces: list[str]) -> list[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -70,6 +71,20 @@ def writable_path(path: str | os.PathLike):
         target.parent.mkdir(parents=True, exist_ok=True)
         return target.resolve()
     return target
+
+
+def write_whole(path: str | os.PathLike, text: str) -> None:
+    """A small file a reader sees whole or not at all: one put on an object store; on a file system a staging file of
+    the writer's own (pid and a random part: threads share a pid, and nodes of a shared file system may too)
+    renamed into place."""
+    target = writable_path(path)
+    if is_uri(path):
+        target.write_text(text)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    staging.write_text(text)
+    os.replace(staging, target)
 
 
 def file_identity(path) -> tuple:

@@ -17,7 +17,6 @@ one trains, and counts the time the loop still waited for them (``data_wait_s``)
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -74,7 +73,7 @@ def write_files(corpus: CorpusBlocks, folder: str) -> CorpusBlocks:
 
     import ray
 
-    from storage.paths import join, storage_path
+    from storage.paths import join, storage_path, write_whole
 
     pointer = storage_path(join(folder, MANIFEST))
     if pointer.exists():
@@ -94,26 +93,13 @@ def write_files(corpus: CorpusBlocks, folder: str) -> CorpusBlocks:
     if sum(written[:-1]) != corpus.rows or written[-1] != corpus.rows:
         raise RuntimeError(f"writing the corpus files under {folder} gave {written} rows of {corpus.rows}")
     manifest = {"fingerprint": corpus.fingerprint, "rows": corpus.rows, "blocks": names, "order": ORDER_FILE}
-    _write_whole(join(folder, attempt, MANIFEST), json.dumps(manifest))
-    _write_whole(join(folder, MANIFEST), json.dumps({**manifest, "attempt": attempt}))
+    write_whole(join(folder, attempt, MANIFEST), json.dumps(manifest))
+    write_whole(join(folder, MANIFEST), json.dumps({**manifest, "attempt": attempt}))
     return _on_files(corpus, join(folder, attempt))
 
 
 def _on_files(corpus: CorpusBlocks, attempt: str) -> CorpusBlocks:
     return CorpusBlocks(blocks=(), order=None, rows=corpus.rows, fingerprint=corpus.fingerprint, files=attempt)
-
-
-def _write_whole(uri: str, text: str) -> None:
-    """A small file a reader sees whole or not at all: an object store's put; a rename on a file system."""
-    from storage.paths import is_uri, writable_path
-
-    target = writable_path(uri)
-    if is_uri(uri):
-        target.write_text(text)
-        return
-    staging = target.with_name(f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")  # threads share a pid,
-    staging.write_text(text)  # and nodes of a shared file system may too
-    os.replace(staging, target)
 
 
 def _write_block(table, uri: str) -> int:
