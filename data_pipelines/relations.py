@@ -171,6 +171,15 @@ def relation_plan(slot_counts: dict[str, np.ndarray], data_cfg,
     return plan
 
 
+def planned_counts(plan: dict[tuple[str, int], Share], names: list[str], data_cfg) -> dict[str, int]:
+    """Training triples per relation, as the plan makes them (each kept triple ``floor(weight)`` times, plus the extra
+    draws): no pass over the prepared rows to count them."""
+    counts = {name: 0 for name in names}
+    for share in plan.values():
+        counts[share.relation] += share.kept * math.floor(data_cfg.weights.get(share.relation, 1.0)) + share.extra
+    return counts
+
+
 def _apportion(total: int, sizes: np.ndarray) -> np.ndarray:
     """``total`` split over parts in proportion to ``sizes`` (largest remainder, ties to the first part); no part
     gets more than its size when total <= sum(sizes)."""
@@ -229,21 +238,9 @@ def prepare_triples(frame, data_cfg, seed: int, rows_per_task: int = RELATION_TA
     train, heldout = both[both["split"] == "train"], both[both["split"] == "heldout"]
     if train.empty:
         raise ValueError("no training triples left after data.heldout, data.caps and data.weights")
-    counts = {n: int((train["relation"] == n).sum()) for n in names}
+    counts = planned_counts(plan, names, data_cfg)
     return TripleData(train=train.drop(columns="split").reset_index(drop=True),
                       heldout=heldout.drop(columns="split").reset_index(drop=True), relations=names, counts=counts)
-
-
-def relation_counts(ds) -> dict[str, int]:
-    """Triples per relation, counted block by block and added up here (a few names: no shuffle needed)."""
-    def counted(table):
-        counts = pc.value_counts(table["relation"])
-        return pa.table({"relation": counts.field("values"), "count": counts.field("counts")})
-
-    total: dict[str, int] = {}
-    for row in ds.map_batches(counted, batch_format="pyarrow").take_all():
-        total[row["relation"]] = total.get(row["relation"], 0) + int(row["count"])
-    return total
 
 
 def prepare_triples_ds(ds, data_cfg, seed: int, rows_per_task: int = RELATION_TASK_ROWS) -> TripleData:
@@ -270,7 +267,7 @@ def prepare_triples_ds(ds, data_cfg, seed: int, rows_per_task: int = RELATION_TA
             .map_groups(lambda rows: prepare_share(rows, plan[shares[int(rows["_share"].iloc[0])]], names, data_cfg,
                                                    seed), batch_format="pandas").materialize())
     train = both.map_batches(_split_rows("train"), batch_format="pyarrow").materialize()
-    counts = {n: 0 for n in names} | relation_counts(train)
+    counts = planned_counts(plan, names, data_cfg)
     if not sum(counts.values()):
         raise ValueError("no training triples left after data.heldout, data.caps and data.weights")
     heldout = pd.DataFrame(both.map_batches(_split_rows("heldout"), batch_format="pyarrow").take_all(),
