@@ -137,11 +137,12 @@ class NegativeMiner:
         self.index = CorpusIndex.at(settings.index_path)  # texts looked up per batch, never held whole; on object
         # storage from this node's copy, made once per node
 
-    def _embed(self, model, texts: list[str]) -> np.ndarray:
+    def _embed(self, model, texts: list[str], side: str) -> np.ndarray:
+        """Unit embeddings of queries or documents, each with its own prompt and length (model.prompts)."""
         from encoders.backbone import inference_embeddings
         from evaluation.search import normalised
 
-        return normalised(inference_embeddings(model, texts, self.s.batch_size))
+        return normalised(inference_embeddings(model, texts, self.s.batch_size, side))
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         """Mined rows of a batch of queries, then one row without a negative carrying the batch's counts."""
@@ -149,7 +150,7 @@ class NegativeMiner:
 
         queries = [str(q) for q in batch["text1"]]
         positives = [list(p) for p in batch["positives"]]
-        q_emb = self._embed(self.model, queries)
+        q_emb = self._embed(self.model, queries, "query")
         widest = max(len(p) for p in positives) + 1  # room for the known positives and the query itself
         best = RunningTopK(len(queries), min(self.s.top_k + widest, max(1, self.index.rows)))
         for offset, shard in self.index.shards():
@@ -158,9 +159,9 @@ class NegativeMiner:
         distinct = np.unique(rows[rows >= 0])
         text_of = dict(zip(distinct.tolist(), self.index.take("text", distinct)))
         scorer = self.teacher or self.model
-        q_scorer = self._embed(scorer, queries) if self.teacher else q_emb
+        q_scorer = self._embed(scorer, queries, "query") if self.teacher else q_emb
         flat = [p for known in positives for p in known]
-        p_scorer = np.split(self._embed(scorer, flat), np.cumsum([len(k) for k in positives])[:-1])
+        p_scorer = np.split(self._embed(scorer, flat, "document"), np.cumsum([len(k) for k in positives])[:-1])
         out = {k: [] for k in ("text1", "text2", "negative", "positive_score", "negative_score", "batch_stats")}
         stats = {"pairs": 0, "without_negative": 0, "dropped_by_margin": 0}
         for i, (query, known) in enumerate(zip(queries, positives)):
@@ -168,7 +169,7 @@ class NegativeMiner:
             found = [(text_of[r], s) for r, s in zip(rows[i].tolist(), scores[i]) if r >= 0 and text_of[r] not in excluded]
             candidates = [t for t, _ in found[: self.s.top_k]]
             if self.teacher is not None and candidates:
-                cand_scores = self._embed(self.teacher, candidates) @ q_scorer[i]
+                cand_scores = self._embed(self.teacher, candidates, "document") @ q_scorer[i]
             else:
                 cand_scores = np.asarray([s for _, s in found[: self.s.top_k]], dtype=np.float32)
             for positive, pos_score in zip(known, p_scorer[i] @ q_scorer[i]):

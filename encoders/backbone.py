@@ -10,13 +10,13 @@ import contextlib
 import hashlib
 import json
 import threading
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from encoders.model_files import MODEL_CARD, RAOE_META  # noqa: F401  (MODEL_CARD re-exported)
+from encoders.model_files import DEFAULT_PROMPT_NAME, MODEL_CARD, RAOE_META, SIDES  # noqa: F401  (MODEL_CARD re-exported)
 from encoders.relation_table import save_relation_table
 
 # raoe's settings on every model it builds or loads (``model.encoder_settings``): what training ran, for inference
@@ -30,14 +30,22 @@ POOLING_MODES = {"mean": "mean", "cls": "cls", "last_token": "lasttoken"}
 class EncoderSettings:
     """What raoe knows of a model beyond sentence-transformers' own config, set on every model ``build_encoder`` and
     ``load_encoder`` return (``model.encoder_settings``) and written to ``raoe_encoder.json`` on export: the prompt
-    template (sentence-transformers' prompts cannot express a suffix), the quantization to load its base with, the
-    tokenizer's padding side, whether its shipped code may run, and an RSE model's relation names."""
+    template (sentence-transformers' prompts cannot express a suffix), the named prefixes of model.prompts (the
+    query and document sides), the quantization to load its base with, the tokenizer's padding side, whether its
+    shipped code may run, and an RSE model's relation names."""
 
     prompt: str | None = None
+    prompts: dict[str, str] = field(default_factory=dict)  # name -> prefix (model.prompts)
     quantization: str = "none"
     padding_side: str | None = None
     trust_remote_code: bool = False
     relations: tuple[str, ...] = ()  # names of the relation table's rows (encoders.relation_table), RSE only
+
+    def template(self, side: str | None) -> str | None:
+        """The prompt template of a text on ``side`` (a name of model.prompts, or None): its own prefix, else
+        model.prompt."""
+        prefix = self.prompts.get(side) if side else None
+        return self.prompt if prefix is None else prefix + "{text}"
 
 
 def dropout_overrides(model_path: str, dropout: float | None, trust_remote_code: bool = False) -> dict[str, float]:
@@ -130,7 +138,9 @@ class DropoutReplay:
 
 
 def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 64, dropout: float | None = None,
-                  prompt: str | None = None, device: str = "cpu", quantization: str = "none",
+                  prompt: str | None = None, prompts: dict[str, str] | None = None,
+                  query_max_length: int | None = None, document_max_length: int | None = None,
+                  device: str = "cpu", quantization: str = "none",
                   lora: dict[str, Any] | None = None, padding_side: str | None = None,
                   gradient_checkpointing: bool = False, trust_remote_code: bool = False):
     """A SentenceTransformer [Transformer, Pooling] over the backbone at ``model_path`` (an HF folder, an exported
@@ -138,7 +148,11 @@ def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 6
 
     QLoRA: ``quantization`` loads the base frozen in 4-bit NF4 (or 8-bit), ``lora`` adds trainable adapters; only
     the adapters have gradients, and saving the model saves only them. Code shipped with a hub model runs only with
-    ``trust_remote_code`` (model.trust_remote_code), never by default."""
+    ``trust_remote_code`` (model.trust_remote_code), never by default.
+
+    ``prompts`` and the query / document lengths are sentence-transformers' own (the model's prompts, the
+    Transformer's ``query_length`` / ``document_length``), so ``encode_query`` / ``encode_document`` of the export
+    encode as training did."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
@@ -152,7 +166,8 @@ def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 6
     quant = quantization_config(quantization)
     if quant is not None:
         model_kwargs["quantization_config"] = quant
-    transformer = Transformer(base, max_seq_length=max_length, model_kwargs=model_kwargs or None,
+    transformer = Transformer(base, max_seq_length=max_length, query_length=query_max_length,
+                              document_length=document_max_length, model_kwargs=model_kwargs or None,
                               config_kwargs={**dropout_overrides(base, dropout, trust_remote_code), **remote} or None,
                               processor_kwargs=remote or None, tokenizer_name_or_path=model_path if adapter else None)
     tokenizer = transformer.tokenizer
@@ -189,10 +204,11 @@ def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 6
             param.requires_grad_(False)  # parameter would stall DDP's gradient all-reduce
     dim = auto_model.config.hidden_size
     pool = Pooling(dim, pooling_mode=POOLING_MODES[pooling])
-    prompts = {"sentence": prefix} if prefix else None
-    model = SentenceTransformer(modules=[transformer, pool], device=device if quant is None else None, prompts=prompts,
-                                default_prompt_name="sentence" if prefix else None)
-    model.encoder_settings = EncoderSettings(prompt=prompt, quantization=quantization if quant is not None else "none",
+    named = {**({DEFAULT_PROMPT_NAME: prefix} if prefix else {}), **(prompts or {})}
+    model = SentenceTransformer(modules=[transformer, pool], device=device if quant is None else None,
+                                prompts=named or None, default_prompt_name=DEFAULT_PROMPT_NAME if prefix else None)
+    model.encoder_settings = EncoderSettings(prompt=prompt, prompts=dict(prompts or {}),
+                                             quantization=quantization if quant is not None else "none",
                                              padding_side=tokenizer.padding_side, trust_remote_code=trust_remote_code)
     return model
 
@@ -201,61 +217,74 @@ def apply_prompt(texts: list[str], prompt: str | None) -> list[str]:
     return list(texts) if not prompt else [prompt.replace("{text}", t) for t in texts]
 
 
+def side_encoding(model, side: str | None) -> tuple[str | None, int | None]:
+    """(prompt template, max tokens) of a text on ``side``: texts whose encodings are equal may share a forward
+    pass."""
+    module = model[0]
+    length = {"query": getattr(module, "query_length", None),
+              "document": getattr(module, "document_length", None)}.get(side or "")
+    return model.encoder_settings.template(side), length or model.max_seq_length
+
+
 def tokenize(model, texts: list[str], device: str | torch.device = "cpu",
-             tokens: "TokenCache | None" = None) -> dict[str, torch.Tensor]:
-    """Tokenised, dynamically padded inputs with the prompt template applied (padded to the longest text of this
-    batch, at most max_length): prepared ahead in ``tokens`` when it holds these texts, else tokenised here."""
-    features = tokens.features(model, texts) if tokens is not None else preprocessed(model, texts)
+             tokens: "TokenCache | None" = None, side: str | None = None) -> dict[str, torch.Tensor]:
+    """Tokenised, dynamically padded inputs with the prompt template of ``side`` applied (padded to the longest
+    text of this batch, at most the side's max length): prepared ahead in ``tokens`` when it holds these texts,
+    else tokenised here."""
+    features = tokens.features(model, texts, side) if tokens is not None else preprocessed(model, texts, side=side)
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
 
 
-def preprocessed(model, texts: list[str], pin: bool = False) -> dict[str, Any]:
-    """sentence-transformers' own preprocessing of one forward pass's texts, on the host (pinned for a
-    non-blocking copy to a GPU when ``pin``)."""
-    features = model.preprocess(apply_prompt(texts, model.encoder_settings.prompt))
+def preprocessed(model, texts: list[str], pin: bool = False, side: str | None = None) -> dict[str, Any]:
+    """sentence-transformers' own preprocessing of one forward pass's texts on ``side`` (its task: the query or
+    document length), on the host (pinned for a non-blocking copy to a GPU when ``pin``)."""
+    task = {"task": side} if side in SIDES else {}
+    features = model.preprocess(apply_prompt(texts, model.encoder_settings.template(side)), **task)
     return {k: v.pin_memory() if pin and isinstance(v, torch.Tensor) else v for k, v in features.items()}
 
 
 class TokenCache:
     """Tokenised inputs of the next micro-batch, prepared while the current one trains (training.rows'
-    MicroBatchFeed) and looked up by the exact texts of each forward pass. A forward pass whose texts were not
+    MicroBatchFeed) and looked up by the side and exact texts of each forward pass. A forward pass whose texts were not
     prepared is tokenised where it runs (counted in ``misses``), so a wrong prediction costs time, never
     correctness. One lock serialises the tokeniser between the two threads (a fast tokeniser is not re-entrant)."""
 
     def __init__(self):
-        self._ready: dict[tuple[str, ...], dict[str, Any]] = {}
+        self._ready: dict[tuple, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def prepare(self, model, calls: list[tuple[list[str], int]], pin: bool = False) -> dict:
-        """The features of every forward pass that ``encode`` calls of (texts, buckets) will run (any thread)."""
+    def prepare(self, model, calls: list[tuple[list[str], int, str | None]], pin: bool = False) -> dict:
+        """The features of every forward pass that ``encode`` calls of (texts, buckets, side) will run (any
+        thread)."""
         ready = {}
-        for texts, buckets in calls:
+        for texts, buckets, side in calls:
             for group in length_groups(texts, buckets):
                 chunk = [texts[i] for i in group]
                 with self._lock:
-                    ready[tuple(chunk)] = preprocessed(model, chunk, pin)
+                    ready[(side, *chunk)] = preprocessed(model, chunk, pin, side)
         return ready
 
     def use(self, ready: dict) -> None:
         """The prepared features of the micro-batch about to run (what ``prepare`` gave)."""
         self._ready = ready
 
-    def features(self, model, texts: list[str]) -> dict[str, Any]:
-        found = self._ready.get(tuple(texts))  # kept: a cached-embeddings step encodes each chunk twice
+    def features(self, model, texts: list[str], side: str | None = None) -> dict[str, Any]:
+        found = self._ready.get((side, *texts))  # kept: a cached-embeddings step encodes each chunk twice
         if found is not None:
             self.hits += 1
             return found
         self.misses += 1
         with self._lock:
-            return preprocessed(model, texts)
+            return preprocessed(model, texts, side=side)
 
 
 def forward_pass(module, model, texts: list[str], device: str | torch.device = "cpu",
-                 tokens: TokenCache | None = None) -> torch.Tensor:
-    """Sentence embeddings with gradient, in one forward pass. ``module`` is what runs the forward (the model itself,
-    or its DDP/DeepSpeed wrapper); ``model`` is the bare SentenceTransformer (for its tokenizer)."""
-    return module(tokenize(model, texts, device, tokens))["sentence_embedding"]
+                 tokens: TokenCache | None = None, side: str | None = None) -> torch.Tensor:
+    """Sentence embeddings with gradient, in one forward pass over texts on ``side``. ``module`` is what runs the
+    forward (the model itself, or its DDP/DeepSpeed wrapper); ``model`` is the bare SentenceTransformer (for its
+    tokenizer)."""
+    return module(tokenize(model, texts, device, tokens, side))["sentence_embedding"]
 
 
 def length_groups(texts: list[str], buckets: int) -> list[list[int]]:
@@ -269,15 +298,16 @@ def length_groups(texts: list[str], buckets: int) -> list[list[int]]:
 
 
 def forward_in_length_buckets(module, model, texts: list[str], device: str | torch.device = "cpu",
-                              buckets: int = 2, tokens: TokenCache | None = None) -> torch.Tensor:
+                              buckets: int = 2, tokens: TokenCache | None = None,
+                              side: str | None = None) -> torch.Tensor:
     """``forward_pass`` in ``buckets`` forward passes over the texts grouped by length, each padded only to its own longest
     text (an SNLI premise is about twice as long as its hypothesis); embeddings come back in input order.
     Exactly ``buckets`` passes whenever there are ``2 * buckets`` texts or more, whatever their count, so workers
     given the same ``buckets`` (training.kinds.base.BatchContext) run the same number of forward passes."""
     groups = length_groups(texts, buckets)
     if len(groups) == 1:
-        return forward_pass(module, model, texts, device, tokens)
-    parts = [forward_pass(module, model, [texts[i] for i in group], device, tokens) for group in groups]
+        return forward_pass(module, model, texts, device, tokens, side)
+    parts = [forward_pass(module, model, [texts[i] for i in group], device, tokens, side) for group in groups]
     inverse = torch.tensor([i for group in groups for i in group]).argsort()  # each input text's place in the parts
     return torch.cat(parts)[inverse.to(parts[0].device)]
 
@@ -324,10 +354,21 @@ def load_encoder(path: str | Path, device: str = "cpu"):
         set_peft_model_state_dict(auto_model, saved, adapter_name="default")
     if meta.get("padding_side"):
         model.tokenizer.padding_side = meta["padding_side"]
-    model.encoder_settings = EncoderSettings(prompt=meta.get("prompt"), quantization=meta.get("quantization", "none"),
+    prompt, prompts = (meta.get("prompt"), meta.get("prompts", {})) if meta else shipped_prompts(model)
+    model.encoder_settings = EncoderSettings(prompt=prompt, prompts=prompts,
+                                             quantization=meta.get("quantization", "none"),
                                              padding_side=model.tokenizer.padding_side,
                                              trust_remote_code=bool(meta.get("trust_remote_code")))
     return model
+
+
+def shipped_prompts(model) -> tuple[str | None, dict[str, str]]:
+    """(model.prompt, model.prompts) of a sentence-transformers model raoe did not train (an E5 or BGE from the
+    hub): its own prompts (an empty one meaning none, not the default), its default prompt applied to texts of no
+    side, as its ``encode`` does."""
+    prompts = dict(model.prompts or {})
+    default = prompts.get(model.default_prompt_name) if model.default_prompt_name else None
+    return (default + "{text}" if default else None), prompts
 
 
 def with_relations(model, names: list[str]) -> None:
@@ -335,8 +376,10 @@ def with_relations(model, names: list[str]) -> None:
     model.encoder_settings = replace(model.encoder_settings, relations=tuple(names))
 
 
-def inference_embeddings(model, texts: list[str], batch_size: int = 64) -> "np.ndarray":  # noqa: F821
-    """Inference embeddings (numpy): eval mode, no gradient, length-sorted batches, raoe's prompt template."""
+def inference_embeddings(model, texts: list[str], batch_size: int = 64,
+                         side: str | None = None) -> "np.ndarray":  # noqa: F821
+    """Inference embeddings (numpy): eval mode, no gradient, length-sorted batches, the prompt template and max
+    length of ``side`` (None: model.prompt, max_length)."""
     import numpy as np
 
     was_training = model.training
@@ -346,7 +389,7 @@ def inference_embeddings(model, texts: list[str], batch_size: int = 64) -> "np.n
     with torch.no_grad():
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            emb = forward_pass(model, model, [texts[i] for i in idx], model.device).float().cpu().numpy()
+            emb = forward_pass(model, model, [texts[i] for i in idx], model.device, side=side).float().cpu().numpy()
             for i, e in zip(idx, emb):
                 out[i] = e
     model.train(was_training)

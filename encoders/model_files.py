@@ -6,3 +6,8 @@ MODEL_CARD = "README.md"  # the model card beside the weights (tracking.model_ca
 RELATIONS_JSON = "relations.json"  # an RSE model's relation names
 RELATIONS_WEIGHTS = "relations.safetensors"  # and its relation vectors
 TABLE = "relation_vectors"  # the relation table's parameter name on the training model
+# The export's sentence-transformers name of model.prompt (its default prompt); model.prompts hold the others
+# ('query', 'document', ...)
+DEFAULT_PROMPT_NAME = "sentence"
+# The sides a text of training data may be on (training.kinds); a text on no side takes model.prompt
+SIDES = ("query", "document")

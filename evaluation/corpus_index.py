@@ -36,7 +36,7 @@ from storage.node_cache import node_copy
 from storage.paths import ABANDONED_AFTER_S, files_under, is_uri, join, remove_tree, storage_path, writable_path
 
 SHARD_ROWS = 16384  # rows per shard file: the chunk of one search step
-INDEX_FORMAT = 2  # in the cache key: 1 kept ids and texts in parquet, read whole
+INDEX_FORMAT = 3  # in the cache key: 1 kept ids and texts in parquet, read whole; 2 encoded with no side
 LAST_USED = "last_used"  # touched in an index's folder each time a job builds or reads it: least recently used goes first
 MAX_GB_ENV = "RAOE_INDEX_CACHE_MAX_GB"  # the corpus-index cache's size limit (unset: none), as data.cache_max_gb
 IN_USE_S = 3600  # an index used this recently may still be searched by another job: never evicted
@@ -313,7 +313,8 @@ class ShardWriter:
     def __init__(self, model_path: str, batch_size: int, gpus: float, keep_text: bool, folder: str):
         from evaluation.encode import SentenceEncoderActor
 
-        self.encoder = SentenceEncoderActor(model_path, batch_size, gpus, keep_text=keep_text, normalise=True)
+        self.encoder = SentenceEncoderActor(model_path, batch_size, gpus, keep_text=keep_text, normalise=True,
+                                            side="document")
         self.folder = folder
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:

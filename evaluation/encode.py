@@ -14,27 +14,29 @@ ONE_ACTOR = EncoderPool()
 
 class SentenceEncoderActor:
     """A Ray Data ``map_batches`` callable class holding one model, loaded as training exported it (so a
-    prompt template the sentence-transformers config cannot carry still applies)."""
+    prompt template the sentence-transformers config cannot carry still applies), encoding texts on ``side``
+    ('query', 'document' or None: their prompt and max length)."""
 
     def __init__(self, model_path: str, batch_size: int = 64, gpus: float = 0.0, *, keep_text: bool = False,
-                 normalise: bool = False):
+                 normalise: bool = False, side: str | None = None):
         import torch
 
         torch.set_num_threads(max(1, torch.get_num_threads()))
         self.model = load_encoder(model_path, device=actor_device(gpus))
-        self.batch_size, self.keep_text, self.normalise = batch_size, keep_text, normalise
+        self.batch_size, self.keep_text, self.normalise, self.side = batch_size, keep_text, normalise, side
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The batch's other columns (ids) pass through; ``text`` only when asked to keep it."""
-        emb = inference_embeddings(self.model, [str(t) for t in batch["text"]], self.batch_size).astype(np.float32)
+        texts = [str(t) for t in batch["text"]]
+        emb = inference_embeddings(self.model, texts, self.batch_size, self.side).astype(np.float32)
         out = {k: v for k, v in batch.items() if k != "text" or self.keep_text}
         out["embedding"] = normalised(emb) if self.normalise else emb
         return out
 
 
 def ray_encode(model_path: str, sentences: list[str], *, batch_size: int = 64,
-               pool: EncoderPool = ONE_ACTOR) -> np.ndarray:
-    """Embeddings of ``sentences`` in input order, computed across the Ray cluster."""
+               pool: EncoderPool = ONE_ACTOR, side: str | None = None) -> np.ndarray:
+    """Embeddings of ``sentences`` (on ``side``) in input order, computed across the Ray cluster."""
     import ray
 
     if not sentences:
@@ -44,7 +46,8 @@ def ray_encode(model_path: str, sentences: list[str], *, batch_size: int = 64,
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // batch_size, 8 * pool.actors)))
     out = ds.map_batches(
         SentenceEncoderActor,
-        fn_constructor_kwargs={"model_path": model_path, "batch_size": batch_size, "gpus": pool.gpus_per_actor},
+        fn_constructor_kwargs={"model_path": model_path, "batch_size": batch_size, "gpus": pool.gpus_per_actor,
+                               "side": side},
         batch_size=batch_size,
         compute=ray.data.ActorPoolStrategy(size=pool.actors),
         **pool_resources(pool.cpus_per_actor, pool.gpus_per_actor),

@@ -142,11 +142,12 @@ def read_dev_set(source: str, split: str = "test", name: str | None = None, max_
 
 
 def dev_ndcg_at_10(encode, dev: RetrievalDevSet) -> float:
-    """nDCG@10 x 100 of ``encode`` (texts -> embeddings) on a dev set, by the evaluation suite's exact search and
-    metric."""
+    """nDCG@10 x 100 of ``encode`` ((texts, side) -> embeddings: queries on the query side, documents on the
+    document side) on a dev set, by the evaluation suite's exact search and metric."""
     from evaluation.search import exact_top_k, normalised
 
-    corpus, queries = normalised(encode(dev.corpus_texts)), normalised(encode(dev.task.query_texts))
+    corpus = normalised(encode(dev.corpus_texts, "document"))
+    queries = normalised(encode(dev.task.query_texts, "query"))
     _, rows = exact_top_k(queries, corpus, DEPTH)
     ranked = rankings(dev.task.query_ids, rows, lambda found: [dev.corpus_ids[r] for r in found])
     return 100 * score_rankings(dev.task, ranked)[0]["ndcg@10"]

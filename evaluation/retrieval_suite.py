@@ -85,7 +85,7 @@ def evaluate_task(model_path: str, task: RetrievalTask, *, pool: EncoderPool, ba
     print(f"retrieval {task.name}: {len(task.query_ids)} queries", flush=True)
     index = corpus_index(corpus_dataset(task.source), model_path, corpus_key(task.source), pool=pool,
                          batch_size=batch_size)
-    queries = normalised(ray_encode(model_path, task.query_texts, batch_size=batch_size, pool=pool))
+    queries = normalised(ray_encode(model_path, task.query_texts, batch_size=batch_size, pool=pool, side="query"))
     _, rows = search_index(index, queries)
     ranked = rankings(task.query_ids, rows, lambda found: index.take("id", found))
     means, queries_scored = score_rankings(task, ranked)

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from encoders.devices import EncoderPool
+from encoders.model_files import DEFAULT_PROMPT_NAME
 from objectives.catalog import DEFAULTS, PRESETS
 from runtime.paths import stable_path
 
@@ -53,6 +54,15 @@ class ModelConfig(Section):
     pooling: Literal["mean", "cls", "last_token"] = Field("mean", description="how token states become one vector")
     prompt: str | None = Field(None, description="template with {text}, e.g. 'Summarize sentence {text} in one word:'")
     max_length: int = Field(64, ge=8, le=32768, description="tokens per sentence (dynamic padding up to this)")
+    prompts: dict[str, str] = Field(default_factory=dict, description="named prompts, prefixes as in "
+                                    "sentence-transformers ({'query': 'query: ', 'document': 'passage: '}): a text on "
+                                    "a query or document side of its data (docs/training.md) takes that side's prompt "
+                                    "instead of model.prompt; exported as the model's sentence-transformers prompts "
+                                    "(encode_query / encode_document)")
+    query_max_length: int | None = Field(None, ge=8, le=32768, description="tokens per query-side text; null = "
+                                         "max_length")
+    document_max_length: int | None = Field(None, ge=8, le=32768, description="tokens per document-side text; null = "
+                                            "max_length")
     dropout: float | None = Field(None, ge=0.0, le=1.0, description="attention/hidden dropout; null keeps the backbone's")
     init_from: str | None = Field(None, description="start from a trained model: path or models:/name/version|@alias")
     quantization: Literal["none", "nf4", "int8"] = Field("none", description="load the base frozen in 4-bit NF4 or 8-bit")
@@ -63,6 +73,25 @@ class ModelConfig(Section):
                                            "forward pass (SAN's p2, unsupervised job); null = model.dropout")
     trust_remote_code: TrustRemoteCode = Field(False, description="run Python code shipped with the model folder "
                                                "(its own architecture); off unless set, then recorded in the export")
+
+    @field_validator("prompts")
+    @classmethod
+    def _prefixes(cls, prompts: dict[str, str]) -> dict[str, str]:
+        for name, prefix in prompts.items():
+            if not name.isidentifier():
+                raise ValueError(f"prompt name {name!r} must be a plain name such as query or document")
+            if name == DEFAULT_PROMPT_NAME:
+                raise ValueError(f"{name!r} is the export's name for model.prompt: set model.prompt instead")
+            if "{text}" in prefix:
+                raise ValueError(f"prompts.{name} is a prefix put before the text, as in sentence-transformers: "
+                                 f"drop '{{text}}' (a template with text after it belongs in model.prompt)")
+        return prompts
+
+    def encoder_kwargs(self) -> dict:
+        """build_encoder's arguments for how texts are encoded: pooling, prompts, lengths, padding side."""
+        return {"pooling": self.pooling, "max_length": self.max_length, "prompt": self.prompt,
+                "prompts": dict(self.prompts), "query_max_length": self.query_max_length,
+                "document_max_length": self.document_max_length, "padding_side": self.padding_side}
 
 
 class TrainerConfig(Section):

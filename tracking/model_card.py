@@ -12,6 +12,18 @@ from encoders.model_files import MODEL_CARD
 CARD = MODEL_CARD
 
 
+def _prompt_lines(model) -> list[str]:
+    """The named prompts and side lengths, as sentence-transformers applies them (encode_query / encode_document)."""
+    lengths = {"query": model.query_max_length, "document": model.document_max_length}
+    named = [f"{name} `{prefix}`" + (f" (at most {lengths[name]} tokens)" if lengths.get(name) else "")
+             for name, prefix in model.prompts.items()]
+    named += [f"{side} texts at most {n} tokens" for side, n in lengths.items() if n and side not in model.prompts]
+    if not named:
+        return []
+    return ["- Prompts: " + "; ".join(named) + " (sentence-transformers' `encode_query` / `encode_document` apply "
+            "them)"]
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("raoe")
@@ -34,6 +46,7 @@ def model_card(cfg, result: dict[str, Any], described_objective: dict[str, dict]
         f"- Base model: `{result.get('start_model')}`; pooling `{cfg.model.pooling}`, max length {cfg.model.max_length}"
         + (f", prompt `{cfg.model.prompt}`" if cfg.model.prompt else "")
         + (f", LoRA r={cfg.model.lora.r} on a {cfg.model.quantization} base" if cfg.model.lora else ""),
+        *_prompt_lines(cfg.model),
         f"- Data: {', '.join(f'`{s}`' for s in sources)}; {result.get('rows_written')} of {result.get('rows_in')} "
         f"records valid ({result.get('rows_quarantined')} quarantined); {plan.get('rows')} {unit} trained on",
         f"- Steps: {metrics.get('steps')} of {plan.get('global_batch')} {unit} ({result.get('num_workers')} worker(s), "

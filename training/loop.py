@@ -64,7 +64,7 @@ class Evaluator:
     def __call__(self, model) -> float | None:
         if self.dev.data is None:
             return None
-        encode = lambda s: inference_embeddings(model, s, self.dev.batch_size)  # noqa: E731
+        encode = lambda s, side=None: inference_embeddings(model, s, self.dev.batch_size, side)  # noqa: E731
         if self.dev.retrieval:
             return dev_ndcg_at_10(encode, self.data)
         score = None
@@ -108,7 +108,7 @@ def train_loop_per_worker(cfg: WorkerConfig) -> None:
         _announce(cfg.plan, world, strategy.name, kind.unit, progress, cfg.trainer.cache_embeddings)
     batches = BatchContext(module=strategy.module, model=model, device=device, autocast=strategy.autocast,
                            length_buckets=cfg.trainer.length_buckets, fields=cfg.fields,
-                           negative_dropout=cfg.model.negative_dropout)
+                           negative_dropout=cfg.model.negative_dropout, sides=kind.sides)
     stepper = Stepper(cfg.plan, cfg.trainer.seed, kind, batches, strategy, objective, rank,
                       cache_embeddings=cfg.trainer.cache_embeddings)
     run = _Run(cfg, stepper, strategy, evaluator, metrics_log, rank, world)
@@ -133,9 +133,8 @@ def _setup_model_and_strategy(cfg: WorkerConfig, kind, device, rank: int, world:
         # another node, while pypi: packages and MLflow URIs resolve anywhere.
         model_path = str(Path(resume_dir) / MODEL_DIR) if resume_dir else resolve_model(cfg.start_model)
         m = cfg.model
-        model = build_encoder(model_path, pooling=m.pooling, max_length=m.max_length, dropout=m.dropout,
-                              prompt=m.prompt, device=str(device), quantization=m.quantization,
-                              lora=m.lora.model_dump() if m.lora else None, padding_side=m.padding_side,
+        model = build_encoder(model_path, **m.encoder_kwargs(), dropout=m.dropout, device=str(device),
+                              quantization=m.quantization, lora=m.lora.model_dump() if m.lora else None,
                               gradient_checkpointing=m.gradient_checkpointing, trust_remote_code=m.trust_remote_code)
         additions = ModelAdditions()
         if kind.setup_model is not None:  # e.g. RSE's relation table: trainable state beside the encoder

@@ -33,26 +33,27 @@ def _pairs(rng, queries=14):
 
 
 def _reference(model_dir, pairs, corpus, top_k, margin, margin_type, per_row, teacher_dir=None):
-    """Candidates ranked by the mining model; the margin compares the teacher's scores where there is one."""
+    """Candidates ranked by the mining model; the margin compares the teacher's scores where there is one. Queries
+    encode on the query side, candidates and positives on the document side (their prompts, model.prompts)."""
     from encoders.backbone import inference_embeddings, load_encoder
     from evaluation.search import normalised
 
     model = load_encoder(model_dir)
     scorer = load_encoder(teacher_dir) if teacher_dir else model
     texts = sorted(set(corpus))
-    emb = normalised(inference_embeddings(model, texts))
-    scored = normalised(inference_embeddings(scorer, texts))
+    emb = normalised(inference_embeddings(model, texts, side="document"))
+    scored = normalised(inference_embeddings(scorer, texts, side="document"))
     known: dict[str, set] = {}
     for r in pairs:
         known.setdefault(r["query"], set()).add(r["positive"])
     expected, without, dropped = set(), 0, 0
     for query, positives in known.items():
-        q = normalised(inference_embeddings(model, [query]))[0]
+        q = normalised(inference_embeddings(model, [query], side="query"))[0]
         order = [i for i in np.argsort(-(emb @ q), kind="stable") if texts[i] not in positives | {query}][:top_k]
-        q = normalised(inference_embeddings(scorer, [query]))[0]
+        q = normalised(inference_embeddings(scorer, [query], side="query"))[0]
         scores = scored @ q
         for positive in positives:
-            pos = float(normalised(inference_embeddings(scorer, [positive]))[0] @ q)
+            pos = float(normalised(inference_embeddings(scorer, [positive], side="document"))[0] @ q)
             limit = margin * pos if margin_type == "relative" else pos - margin
             keep = [texts[i] for i in order if scores[i] <= limit]
             dropped += len(order) - len(keep)
@@ -64,7 +65,8 @@ def _reference(model_dir, pairs, corpus, top_k, margin, margin_type, per_row, te
 def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_path, monkeypatch, margin=0.999,
                                                                  margin_type="relative"):
     """Relative margin, a teacher re-scoring (the tiny model pooled by its last token: other scores, so other
-    candidates pass the margin than the mining model's own scores would let through)."""
+    candidates pass the margin than the mining model's own scores would let through); the mining model has query and
+    document prompts, which the reference applies by side."""
     from encoders.backbone import build_encoder, export_encoder
     from encoders.sources import resolve_model_source
 
@@ -78,7 +80,9 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
     extra = [" ".join(rng.choice(WORDS, size=5)) for _ in range(30)]
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(extra + [r["positive"] for r in pairs]) + "\n")
-    model = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "model")
+    sides = {"query": "query: ", "document": "passage: "}
+    model = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32, prompts=sides),
+                           tmp_path / "model")
     teacher = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32, pooling="last_token"),
                              tmp_path / "teacher")
     job = _mine_job()

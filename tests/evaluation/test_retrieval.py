@@ -135,8 +135,14 @@ def _random_beir(tmp_path, rng, num_docs=60, num_queries=12):
     return write_beir(tmp_path / "beir-tiny", corpus, queries, qrels), corpus, queries, qrels
 
 
+# Query and document prompts and a query length (model.prompts): the evaluator encodes queries with encode_query and
+# documents with encode_document, and so must raoe
+SIDES = {"prompts": {"query": "query: ", "document": "passage: "}, "query_max_length": 8}
+
+
 def _st_reference(model, corpus, queries, qrels) -> dict[str, float]:
-    """sentence-transformers' InformationRetrievalEvaluator on the same model and task (documents as title + text)."""
+    """sentence-transformers' InformationRetrievalEvaluator on the same model and task (documents as title + text),
+    queries through encode_query and documents through encode_document."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
 
@@ -158,11 +164,11 @@ def test_a_retrieval_dev_set_scores_as_the_evaluator_and_must_be_dev_sized(tmp_p
     from evaluation.retrieval import dev_ndcg_at_10, read_dev_set
 
     folder, corpus, queries, qrels = _random_beir(tmp_path, np.random.default_rng(5))
-    model = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "model")
+    model = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32, **SIDES), tmp_path / "model")
     dev = read_dev_set(str(folder))
     assert dev.corpus_ids == list(corpus) and dev.task.name == "beir-tiny"
     encoder = load_encoder(str(model))
-    got = dev_ndcg_at_10(lambda texts: inference_embeddings(encoder, texts, 16), dev)
+    got = dev_ndcg_at_10(lambda texts, side: inference_embeddings(encoder, texts, 16, side), dev)
     assert got == pytest.approx(100 * _st_reference(model, corpus, queries, qrels)["t_cosine_ndcg@10"], abs=1e-2)
     with pytest.raises(ValueError, match="eval.dev_retrieval: .* more than 59 documents"):
         read_dev_set(str(folder), max_documents=59)
@@ -183,7 +189,7 @@ def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch,
     monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(index_module, "SHARD_ROWS", 16)  # several shards: the running top-k crosses them
     folder, corpus, queries, qrels = _random_beir(tmp_path, np.random.default_rng(2))
-    model = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "model")
+    model = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32, **SIDES), tmp_path / "model")
     tasks = [RetrievalTaskConfig.model_validate(str(folder))]
     per_query: dict = {}
     ours = evaluate_retrieval(str(model), tasks, pool=EncoderPool(), batch_size=8, per_query=per_query)

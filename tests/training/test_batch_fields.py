@@ -101,8 +101,11 @@ def test_negatives_the_objective_does_not_read_are_not_encoded(ray_local):
     """Triplets trained with an objective that reads no negatives drop them before training (no forward, no gather);
     one that reads them keeps them."""
     import ray
+    import torch
 
-    from training.kinds import TRAINING_KINDS
+    from encoders.backbone import build_encoder
+    from encoders.sources import resolve_model_source
+    from training.kinds import TRAINING_KINDS, BatchContext
     from training.run import check_objective_fits, without_unread_negatives
 
     ds = ray.data.from_items([{"text1": "a", "text2": "b", "text_neg": "c", "label": 0}])
@@ -110,4 +113,6 @@ def test_negatives_the_objective_does_not_read_are_not_encoded(ray_local):
     kept = without_unread_negatives(ds, check_objective_fits({"infonce": 1.0}, provided))
     dropped = without_unread_negatives(ds, check_objective_fits({"angle_ibn": 1.0}, provided))
     assert "text_neg" in kept.columns() and "text_neg" not in dropped.columns()
-    assert TRAINING_KINDS["triplets"].encode_calls(None, dropped.take_batch(1)) == [(["a", "b"], None)]
+    model = build_encoder(resolve_model_source("tiny:bert"))
+    ctx = BatchContext(model, model, torch.device("cpu"), sides=TRAINING_KINDS["triplets"].sides)
+    assert TRAINING_KINDS["triplets"].encode_calls(ctx, dropped.take_batch(1)) == [(["a", "b"], None, "query")]

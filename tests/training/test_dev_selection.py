@@ -27,5 +27,26 @@ def test_a_retrieval_dev_task_selects_checkpoints_by_its_ndcg(simcse_retrieval_d
     meta = json.loads((Path(out["model_path"]) / "raoe_encoder.json").read_text())
     assert meta["step"] == best_step
     exported = load_encoder(out["model_path"])
-    again = dev_ndcg_at_10(lambda texts: inference_embeddings(exported, texts, 64), read_dev_set(str(folder)))
+    dev = read_dev_set(str(folder))
+    again = dev_ndcg_at_10(lambda texts, side: inference_embeddings(exported, texts, 64, side), dev)
     assert again == pytest.approx(scores[best_step], abs=1e-3)
+
+
+def test_a_trained_models_query_and_document_prompts_reach_sentence_transformers(simcse_retrieval_dev_run):
+    """The run's model.prompts and query length are in the export: sentence-transformers' encode_query and
+    encode_document give raoe's query-side and document-side embeddings, which differ from each other."""
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from encoders.backbone import inference_embeddings, load_encoder
+    from evaluation.retrieval import read_dev_set
+
+    out, folder = simcse_retrieval_dev_run
+    texts = read_dev_set(str(folder)).task.query_texts[:8]
+    st, exported = SentenceTransformer(out["model_path"], device="cpu"), load_encoder(out["model_path"])
+    assert st.prompts["query"] == "query: " and st.prompts["document"] == "passage: " and st[0].query_length == 12
+    query, document = st.encode_query(texts), st.encode_document(texts)
+    np.testing.assert_allclose(query, inference_embeddings(exported, texts, side="query"), atol=1e-5)
+    np.testing.assert_allclose(document, inference_embeddings(exported, texts, side="document"), atol=1e-5)
+    assert not np.allclose(query, document, atol=1e-3)
+    assert "query `query: ` (at most 12 tokens)" in (Path(out["model_path"]) / "README.md").read_text()

@@ -111,3 +111,84 @@ def test_length_buckets_run_exactly_buckets_passes_for_any_text_count(tiny_path,
         forward_in_length_buckets(model, model, (TEXTS * 10)[:count], buckets=buckets)
         assert len(calls) == buckets, count
     hook.remove()
+
+
+SIDED = {"prompts": {"query": "query: ", "document": "passage: "}, "query_max_length": 8, "document_max_length": 16}
+LONG_QUERY = "what does the woman with the red umbrella eat in the park with her child on sunday"
+
+
+def test_an_exported_models_encode_query_and_document_equal_the_training_time_embeddings(tiny_path, tmp_path):
+    """model.prompts and the side lengths go into the export as sentence-transformers' own prompts and Transformer
+    query/document lengths: encode_query / encode_document of the exported folder give the embeddings the training
+    step computed for query-side and document-side texts (training.kinds' pairs: text1 asks, text2 answers)."""
+    from sentence_transformers import SentenceTransformer
+
+    from training.kinds import TRAINING_KINDS, BatchContext
+
+    model = build_encoder(tiny_path, dropout=0.0, max_length=32, prompt="s: {text}", **SIDED)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    model.eval()
+    kind = TRAINING_KINDS["pairs"]
+    queries, documents = [LONG_QUERY, *TEXTS], TEXTS + ["a child eats in the park"]
+    ctx = BatchContext(module=model, model=model, device=torch.device("cpu"), length_buckets=2, sides=kind.sides)
+    rows = {"text1": np.array(queries, dtype=object), "text2": np.array(documents, dtype=object)}
+    assert [side for _, _, side in kind.encode_calls(ctx, rows)] == ["query", "document"]  # a call per side
+    with torch.no_grad():
+        trained = kind.embed(ctx, rows)
+    export_encoder(model, tmp_path / "m")
+    st = SentenceTransformer(str(tmp_path / "m"), device="cpu")
+    assert st.prompts["query"] == "query: " and st[0].query_length == 8 and st[0].document_length == 16
+    np.testing.assert_allclose(st.encode_query(queries), trained["emb1"].numpy(), atol=1e-5)
+    np.testing.assert_allclose(st.encode_document(documents), trained["emb2"].numpy(), atol=1e-5)
+    np.testing.assert_allclose(st.encode(TEXTS), inference_embeddings(model, TEXTS), atol=1e-5)  # model.prompt
+    reloaded = load_encoder(tmp_path / "m")  # raoe's own loader: the same sides
+    np.testing.assert_allclose(inference_embeddings(reloaded, queries, side="query"), trained["emb1"].numpy(), atol=1e-5)
+    # each side's prompt and length matter: the long query cut at 8 tokens, the documents with their own prefix
+    untruncated = build_encoder(tiny_path, dropout=0.0, max_length=32, prompts=SIDED["prompts"])
+    untruncated.load_state_dict(model.state_dict())
+    cut = inference_embeddings(model, [LONG_QUERY], side="query")
+    assert not np.allclose(cut, inference_embeddings(untruncated, [LONG_QUERY], side="query"), atol=1e-3)
+    assert not np.allclose(inference_embeddings(model, TEXTS, side="document"), inference_embeddings(model, TEXTS),
+                           atol=1e-3)
+
+
+def test_symmetric_data_and_no_prompts_encode_every_text_in_one_call(tiny_path):
+    """STS pairs have no sides, and without model.prompts or side lengths the sides encode alike: one call (one set of
+    forward passes, as before)."""
+    from training.kinds import TRAINING_KINDS, BatchContext
+
+    rows = {"text1": np.array(TEXTS, dtype=object), "text2": np.array(TEXTS, dtype=object)}
+    sided = build_encoder(tiny_path, **SIDED)
+    plain = build_encoder(tiny_path)
+    for kind, model, calls in (("sts", sided, [None]), ("pairs", plain, ["query"]), ("pairs", sided, ["query", "document"])):
+        ctx = BatchContext(module=model, model=model, device=torch.device("cpu"), sides=TRAINING_KINDS[kind].sides)
+        assert [side for _, _, side in TRAINING_KINDS[kind].encode_calls(ctx, rows)] == calls, kind
+
+
+def test_prompts_are_sentence_transformers_prefixes():
+    from pydantic import ValidationError
+
+    from jobconfig.schema import ModelConfig
+
+    with pytest.raises(ValidationError, match="prompts.query is a prefix"):
+        ModelConfig(prompts={"query": "query: {text}"})
+    with pytest.raises(ValidationError, match="export's name for model.prompt"):
+        ModelConfig(prompts={"sentence": "s: "})
+
+
+def test_a_hub_models_own_prompts_are_used_by_raoes_loader(tiny_path, tmp_path):
+    """A sentence-transformers model raoe did not train (no raoe_encoder.json), shipping its own prompts as E5 and BGE
+    do: evaluation and mining encode its queries and documents as its encode_query / encode_document do."""
+    from sentence_transformers import SentenceTransformer
+
+    model = build_encoder(tiny_path, dropout=0.0)
+    model.prompts, model.default_prompt_name = {"query": "query: ", "document": "", "sts": "sts: "}, "sts"
+    model.save(str(tmp_path / "hub"))  # sentence-transformers' own save: no raoe metadata
+    st, loaded = SentenceTransformer(str(tmp_path / "hub"), device="cpu"), load_encoder(tmp_path / "hub")
+    np.testing.assert_allclose(inference_embeddings(loaded, TEXTS, side="query"), st.encode_query(TEXTS), atol=1e-5)
+    np.testing.assert_allclose(inference_embeddings(loaded, TEXTS, side="document"), st.encode_document(TEXTS),
+                               atol=1e-5)
+    np.testing.assert_allclose(inference_embeddings(loaded, TEXTS), st.encode(TEXTS), atol=1e-5)
+    assert not np.allclose(st.encode_query(TEXTS), st.encode(TEXTS), atol=1e-3)

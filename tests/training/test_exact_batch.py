@@ -62,13 +62,15 @@ class Scenario:
     bf16: bool = False  # trainer.bf16: the encoder under bf16 autocast
     seed: int = 7
     objective: str = ""  # one objective in place of the kind's OBJECTIVES
+    sided: bool = False  # query and document prompts and a shorter query length (model.prompts): two encode calls
     name: str = field(init=False, default="")
 
     def __post_init__(self):
         object.__setattr__(self, "name", f"{self.kind} {self.strategy}{self.zero if self.strategy != 'ddp' else ''} "
                                          f"chunk {self.chunk} accum {self.accum} {self.model}"
                                          f"{' cached' if self.cached else ''}{' bf16' if self.bf16 else ''} "
-                                         f"seed {self.seed}{' ' + self.objective if self.objective else ''}")
+                                         f"seed {self.seed}{' ' + self.objective if self.objective else ''}"
+                                         f"{' sided' if self.sided else ''}")
 
 
 def _model(scenario: Scenario):
@@ -82,7 +84,8 @@ def _model(scenario: Scenario):
         return build_encoder(resolve_model_source("tiny:qwen2"), pooling="last_token", quantization="nf4",
                              lora={"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": "all-linear"},
                              gradient_checkpointing=True, padding_side="left", max_length=32)
-    return build_encoder(resolve_model_source("tiny:bert"), dropout=0.1, max_length=32)
+    sides = {"prompts": {"query": "query: ", "document": "passage: "}, "query_max_length": 8} if scenario.sided else {}
+    return build_encoder(resolve_model_source("tiny:bert"), dropout=0.1, max_length=32, **sides)
 
 
 def _gradient_taken(strategy, model) -> dict:
@@ -149,7 +152,7 @@ def one_step(scenario: Scenario, rank: int, world: int) -> tuple[float, float, n
     weights = {scenario.objective: 1.0} if scenario.objective else OBJECTIVES[scenario.kind]
     fields = tuple(sorted(fields_read(weights, kind.provides) & set(FIELD_COLUMNS)))
     batches = BatchContext(module=strategy.module, model=model, device=torch.device("cpu"), autocast=strategy.autocast,
-                           length_buckets=2, fields=fields, negative_dropout=0.2)
+                           length_buckets=2, fields=fields, negative_dropout=0.2, sides=kind.sides)
     stepper = Stepper(plan, scenario.seed, kind, batches, strategy, CompositeObjective(weights), rank,
                       cache_embeddings=scenario.cached)
     taken = _gradient_taken(strategy, model)
@@ -211,6 +214,7 @@ ONE = [Scenario(k) for k in KINDS] + [
     Scenario("pairs", chunk=2, accum=2, cached=True),
     # the triplets' negatives gathered but not read by AnglE's in-batch negatives: a zero gradient, not a crash
     Scenario("triplets", objective="angle_ibn"), Scenario("triplets", objective="angle_ibn", cached=True),
+    Scenario("triplets", sided=True),
 ]
 TWO = [Scenario(k) for k in KINDS] + [Scenario(k, cached=True) for k in KINDS] + [
     Scenario("triplets", objective="angle_ibn"), Scenario("triplets", objective="angle_ibn", cached=True),
@@ -223,6 +227,7 @@ TWO = [Scenario(k) for k in KINDS] + [Scenario(k, cached=True) for k in KINDS] +
     Scenario("pairs", strategy="zero", zero=0, cached=True), Scenario("pairs", strategy="zero", zero=1, cached=True),
     Scenario("sts", bf16=True), Scenario("sts", bf16=True, cached=True),
     Scenario("sts", strategy="zero", zero=2, bf16=True, cached=True),
+    Scenario("triplets", sided=True), Scenario("triplets", sided=True, cached=True),
 ]
 
 
@@ -289,3 +294,13 @@ def test_the_comparison_sees_dropout_masks(steps):
     base = steps[1][Scenario("pairs").name]
     for other in (Scenario("pairs", chunk=8), Scenario("pairs", seed=8)):
         assert abs(steps[1][other.name][0] - base[0]) > 1e-3 * abs(base[0]), other.name
+
+
+def test_query_and_document_sides_are_exact_and_encoded_as_sides(steps):
+    """model.prompts and model.query_max_length: queries and documents in encode calls of their own (each with its
+    length buckets), exact on 1 and 2 workers and cached; and the sides change what is trained."""
+    sided = Scenario("triplets", sided=True)
+    _same(steps[1][sided.name], steps[2][sided.name], f"{sided.name}: 1 worker = 2")
+    _same(steps[2][Scenario("triplets", sided=True, cached=True).name], steps[2][sided.name], f"{sided.name} cached")
+    plain = steps[1][Scenario("triplets").name]
+    assert abs(steps[1][sided.name][0] - plain[0]) > 1e-3 * abs(plain[0])

@@ -36,19 +36,30 @@ def model():
     return model.train()
 
 
+@pytest.fixture(scope="module")
+def sided_model():
+    """Queries and documents with prompts and lengths of their own: a kind with sides encodes them in calls of their
+    own."""
+    return build_encoder(resolve_model_source("tiny:bert"), dropout=0.1, query_max_length=8,
+                         prompts={"query": "query: ", "document": "passage: "}).train()
+
+
 def _built(model, kind, rows, prefetched: bool):
-    ctx = BatchContext(model, model, torch.device("cpu"), length_buckets=2, negative_dropout=0.3)
+    ctx = BatchContext(model, model, torch.device("cpu"), length_buckets=2, negative_dropout=0.3, sides=kind.sides)
     if prefetched:
         ctx.tokens.use(ctx.tokenized(kind.encode_calls(ctx, rows)))
     torch.manual_seed(3)  # the same dropout masks both ways
     return ctx, kind.build(ctx, rows)
 
 
-@pytest.mark.parametrize("name", sorted(ROWS))
-def test_every_forward_pass_of_a_micro_batch_is_tokenised_ahead(model, name):
-    kind = TRAINING_KINDS[name]
-    (ahead, prefetched), (_, in_step) = (_built(model, kind, ROWS[name], p) for p in (True, False))
-    passes = sum(len(length_groups(texts, buckets or 2)) for texts, buckets in kind.encode_calls(ahead, ROWS[name]))
+@pytest.mark.parametrize("name", [*sorted(ROWS), "triplets sided"])
+def test_every_forward_pass_of_a_micro_batch_is_tokenised_ahead(model, sided_model, name):
+    kind_name, sided = name.split()[0], name.endswith("sided")
+    kind, model = TRAINING_KINDS[kind_name], sided_model if sided else model
+    (ahead, prefetched), (_, in_step) = (_built(model, kind, ROWS[kind_name], p) for p in (True, False))
+    calls = kind.encode_calls(ahead, ROWS[kind_name])
+    assert len(calls) == (2 if sided or kind_name == "sentences_san" else 1)
+    passes = sum(len(length_groups(texts, buckets or 2)) for texts, buckets, _ in calls)
     assert (ahead.tokens.hits, ahead.tokens.misses) == (passes, 0)
     for field in ("emb1", "emb2", "emb_neg", "list_emb"):
         a, b = getattr(prefetched, field, None), getattr(in_step, field, None)

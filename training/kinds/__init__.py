@@ -30,17 +30,20 @@ def _triples(name):
 _PAIR_FIELDS = ("emb1", "emb2", "scores", "ids1", "ids2")
 _PAIRS = {"embed": _text("text_pairs_embed"), "assemble": _text("text_pairs_batch"),
           "encode_calls": _text("text_pairs_calls")}
+# pairs whose first text asks and whose second (and hard negative) answers; STS pairs are symmetric
+_QUERY_DOCUMENT = {"text1": "query", "text2": "document", "text_neg": "document"}
 _SENTENCES = {"embed": _text("sentences_embed"), "assemble": _text("sentences_batch"),
               "encode_calls": _text("sentences_calls")}
 
 TRAINING_KINDS: dict[str, DataKind] = {
     k.name: k for k in [
-        DataKind(name="pairs", corpus="pairs", provides=(*_PAIR_FIELDS, "labels"), **_PAIRS),
+        DataKind(name="pairs", corpus="pairs", provides=(*_PAIR_FIELDS, "labels"), **_PAIRS, sides=_QUERY_DOCUMENT),
         DataKind(name="sts", corpus="sts", provides=_PAIR_FIELDS, **_PAIRS),
         DataKind(name="triplets", corpus="pairs", provides=(*_PAIR_FIELDS, "labels", "emb_neg", "ids_neg"), **_PAIRS,
+                 sides=_QUERY_DOCUMENT,
                  unit="SimCSE triplets (premise, entailment, contradiction)", corpus_to_rows=_rows("nli_to_triplets")),
         DataKind(name="mined_triplets", corpus="triplets", provides=(*_PAIR_FIELDS, "labels", "emb_neg", "ids_neg"),
-                 **_PAIRS,
+                 **_PAIRS, sides=_QUERY_DOCUMENT,
                  unit="mined triplets (query, positive, hard negative)", corpus_to_rows=_rows("mined_with_negatives")),
         DataKind(name="sentences", corpus="sentences", provides=("emb1", "emb2", "ids1", "ids2"), **_SENTENCES,
                  unit="sentences", corpus_to_rows=_rows("sentences_only")),

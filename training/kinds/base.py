@@ -15,9 +15,19 @@ from typing import Callable, ContextManager
 import numpy as np
 import torch
 
-from encoders.backbone import TokenCache, dropout_settings, dropout_settings_applied, forward_in_length_buckets, text_ids
+from encoders.backbone import (
+    TokenCache,
+    dropout_settings,
+    dropout_settings_applied,
+    forward_in_length_buckets,
+    side_encoding,
+    text_ids,
+)
 from objectives.gather import gather_no_grad
 from training.kinds.kind import FIELD_COLUMNS
+
+# One ``BatchContext.encode`` call a kind makes on a chunk: (texts, buckets or None for length_buckets, side)
+EncodeCall = tuple[list[str], int | None, str | None]
 
 
 @dataclass(frozen=True)
@@ -32,20 +42,44 @@ class BatchContext:
     fields: tuple[str, ...] = ()  # corpus columns the objective reads (FIELD_COLUMNS keys): gathered if listed
     negative_dropout: float | None = None  # model.negative_dropout: SAN's p2 for the aligned negatives
     tokens: TokenCache = field(default_factory=TokenCache)  # the micro-batch's inputs, tokenised ahead
+    sides: dict[str, str] = field(default_factory=dict)  # text column -> 'query' | 'document' (DataKind.sides)
 
-    def encode(self, texts: list[str], buckets: int | None = None) -> torch.Tensor:
-        """Embeddings with gradient, in ``buckets`` (default ``length_buckets``) length-grouped forward passes.
-        Each forward pass is a collective (DDP broadcasts buffers, ZeRO-3 gathers weights), so every worker must run
-        as many: a caller whose text count differs between workers (ranked lists) passes ``buckets`` chosen from a
-        count every worker holds."""
+    def encode(self, texts: list[str], buckets: int | None = None, side: str | None = None) -> torch.Tensor:
+        """Embeddings with gradient of texts on ``side`` (its prompt and max length), in ``buckets`` (default
+        ``length_buckets``) length-grouped forward passes. Each forward pass is a collective (DDP broadcasts
+        buffers, ZeRO-3 gathers weights), so every worker must run as many: a caller whose text count differs
+        between workers (ranked lists) passes ``buckets`` chosen from a count every worker holds."""
         with self.autocast() if self.autocast else contextlib.nullcontext():
             return forward_in_length_buckets(self.module, self.model, texts, self.device,
-                                             self.length_buckets if buckets is None else buckets, self.tokens).float()
+                                             self.length_buckets if buckets is None else buckets, self.tokens,
+                                             side).float()
 
-    def tokenized(self, calls: list[tuple[list[str], int | None]]) -> dict:
-        """The tokenised inputs of ``encode`` calls (texts, buckets or None), prepared off the training thread."""
-        return self.tokens.prepare(self.model, [(texts, self.length_buckets if buckets is None else buckets)
-                                                for texts, buckets in calls], pin=self.device.type == "cuda")
+    def tokenized(self, calls: list[EncodeCall]) -> dict:
+        """The tokenised inputs of ``encode`` calls, prepared off the training thread."""
+        return self.tokens.prepare(self.model, [(texts, self.length_buckets if buckets is None else buckets, side)
+                                                for texts, buckets, side in calls], pin=self.device.type == "cuda")
+
+    def side_groups(self, columns: dict[str, list[str]]) -> list[tuple[str | None, list[str]]]:
+        """(side, column names) of each encode call over the texts of ``columns``: columns that encode alike (the
+        same prompt and max length: with no model.prompts and lengths, all of them) share one call. Decided by the
+        config alone, so every worker makes the same calls."""
+        groups: dict[tuple, tuple[str | None, list[str]]] = {}
+        for name in columns:
+            side = self.sides.get(name)
+            groups.setdefault(side_encoding(self.model, side), (side, []))[1].append(name)
+        return list(groups.values())
+
+    def column_calls(self, columns: dict[str, list[str]]) -> list[EncodeCall]:
+        """The encode calls ``encode_columns`` makes."""
+        return [([t for name in names for t in columns[name]], None, side) for side, names in self.side_groups(columns)]
+
+    def encode_columns(self, columns: dict[str, list[str]]) -> dict[str, torch.Tensor]:
+        """Each column's embeddings, its texts encoded on its side (``sides``), columns alike in one call."""
+        out = {}
+        for side, names in self.side_groups(columns):
+            every = self.encode([t for name in names for t in columns[name]], side=side)
+            out.update(zip(names, every.split([len(columns[name]) for name in names])))
+        return out
 
     def gather_fields(self, rows: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """The listed ``fields``: scores (None -> NaN, which the objective refuses by name) and labels (None -> -1,

@@ -6,7 +6,7 @@ beside it) load on their first call."""
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from storage.paths import absolute
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from objectives.composite import EmbeddingBatch
-    from training.kinds.base import BatchContext, Embeddings, ModelAdditions
+    from training.kinds.base import BatchContext, Embeddings, EncodeCall, ModelAdditions
 
 # Where scores and labels come from in a corpus row.
 FIELD_COLUMNS = {"scores": "similarity", "labels": "label"}
@@ -46,7 +46,10 @@ class DataKind:
     assemble: Callable[[BatchContext, dict[str, np.ndarray], Embeddings], EmbeddingBatch]
     # The (texts, buckets or None) of every ``ctx.encode`` call ``embed`` makes on a chunk, in order: tokenised
     # ahead by the feed. ``embed`` and its encode_calls read their texts through the same function.
-    encode_calls: Callable[[BatchContext, dict[str, np.ndarray]], list[tuple[list[str], int | None]]]
+    encode_calls: Callable[[BatchContext, dict[str, np.ndarray]], list[EncodeCall]]
+    # Which side each text column is on ('query' or 'document': model.prompts and the side's max length); a column
+    # on no side takes model.prompt and model.max_length
+    sides: dict[str, str] = field(default_factory=dict)
     unit: str = "pairs"  # what one row is, for progress lines
     corpus_to_rows: Callable[..., object] | None = None  # (validated corpus, job config, start model) -> rows
     # (job config, quarantine path) -> (Ray Dataset of training rows, DataReport, extras for workers and ``finish``)

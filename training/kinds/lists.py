@@ -20,7 +20,7 @@ from encoders.model_uris import resolve_model
 from objectives.composite import EmbeddingBatch
 from objectives.gather import gather_no_grad, gather_with_grad
 from storage.paths import join
-from training.kinds.base import BatchContext
+from training.kinds.base import BatchContext, EncodeCall
 from training.kinds.kind import corpus_cache_dir
 
 
@@ -72,8 +72,7 @@ def list_teacher_kwargs(cfg, start_model: str) -> dict:
               "trust_remote_code": teacher_trusts_code(cfg), "gpus": cfg.posttrain.teacher_gpus}
     if cfg.posttrain.teacher is None:
         model = cfg.model
-        kwargs["encoder"] = {"pooling": model.pooling, "max_length": model.max_length, "prompt": model.prompt,
-                             "padding_side": model.padding_side}
+        kwargs["encoder"] = model.encoder_kwargs()
     return kwargs
 
 
@@ -133,9 +132,9 @@ def _list_texts(ctx: BatchContext, rows: dict[str, np.ndarray]) -> tuple[list[li
     return lists, ctx.length_buckets if len(lists) >= ctx.length_buckets else 1
 
 
-def lists_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[tuple[list[str], int | None]]:
+def lists_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[EncodeCall]:
     lists, buckets = _list_texts(ctx, rows)
-    return [([s for sentences in lists for s in sentences], buckets)]
+    return [([s for sentences in lists for s in sentences], buckets, None)]
 
 
 def lists_embed(ctx: BatchContext, rows: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

@@ -8,36 +8,34 @@ import torch
 
 from objectives.composite import EmbeddingBatch
 from objectives.gather import gather_no_grad, gather_with_grad
-from training.kinds.base import BatchContext, dropout_rate
+from training.kinds.base import BatchContext, EncodeCall, dropout_rate
+
+_EMBEDDING_OF = {"text1": "emb1", "text2": "emb2", "text_neg": "emb_neg"}
 
 
-def _pair_texts(rows: dict[str, np.ndarray]) -> tuple[list[str], list[str], list[str]]:
-    text1, text2 = [str(t) for t in rows["text1"]], [str(t) for t in rows["text2"]]
-    return text1, text2, [str(t) for t in rows["text_neg"]] if "text_neg" in rows else []
+def _pair_texts(rows: dict[str, np.ndarray]) -> dict[str, list[str]]:
+    """The text columns of a chunk, in encoding order (the hard negative only where the rows carry one)."""
+    return {name: [str(t) for t in rows[name]] for name in _EMBEDDING_OF if name in rows}
 
 
-def text_pairs_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[tuple[list[str], int | None]]:
-    text1, text2, negatives = _pair_texts(rows)
-    return [(text1 + text2 + negatives, None)]
+def text_pairs_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[EncodeCall]:
+    return ctx.column_calls(_pair_texts(rows))
 
 
 def text_pairs_embed(ctx: BatchContext, rows: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    """Pairs and SimCSE triplets: both texts (and the hard negative) through the encoder together, in length-grouped
-    passes."""
-    text1, text2, negatives = _pair_texts(rows)
-    every = ctx.encode(text1 + text2 + negatives)
-    n = len(text1)
-    return {"emb1": every[:n], "emb2": every[n: 2 * n], **({"emb_neg": every[2 * n:]} if negatives else {})}
+    """Pairs and SimCSE triplets: both texts (and the hard negative) through the encoder together in length-grouped
+    passes; with query and document prompts or lengths, the queries in passes of their own."""
+    return {_EMBEDDING_OF[name]: emb for name, emb in ctx.encode_columns(_pair_texts(rows)).items()}
 
 
 def text_pairs_batch(ctx: BatchContext, rows: dict[str, np.ndarray], local: dict[str, torch.Tensor]) -> EmbeddingBatch:
     """The embeddings gathered with gradient, with the texts' ids and the fields the objective reads."""
-    text1, text2, negatives = _pair_texts(rows)
+    texts = _pair_texts(rows)
     return EmbeddingBatch(
         emb1=gather_with_grad(local["emb1"]), emb2=gather_with_grad(local["emb2"]),
         emb_neg=gather_with_grad(local["emb_neg"]) if "emb_neg" in local else None,
-        ids1=ctx.gather_ids(text1), ids2=ctx.gather_ids(text2),
-        ids_neg=ctx.gather_ids(negatives) if negatives else None, **ctx.gather_fields(rows),
+        ids1=ctx.gather_ids(texts["text1"]), ids2=ctx.gather_ids(texts["text2"]),
+        ids_neg=ctx.gather_ids(texts["text_neg"]) if "text_neg" in texts else None, **ctx.gather_fields(rows),
     )
 
 
@@ -51,9 +49,9 @@ def _sentence_texts(rows: dict[str, np.ndarray]) -> tuple[list[str], list[str] |
     return texts, [str(t) if real else anchor for t, real, anchor in zip(rows["negative"], present, texts)], present
 
 
-def sentences_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[tuple[list[str], int | None]]:
+def sentences_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[EncodeCall]:
     texts, negatives, _ = _sentence_texts(rows)
-    return [(texts + texts, None)] + ([(negatives, None)] if negatives is not None else [])
+    return [(texts + texts, None, None)] + ([(negatives, None, None)] if negatives is not None else [])
 
 
 def sentences_embed(ctx: BatchContext, rows: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

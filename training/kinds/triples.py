@@ -14,7 +14,7 @@ from encoders.relation_table import TABLE
 from encoders.relational import RelationalEncoder, attach_relation_table, plot_relation_similarity, relation_prediction
 from objectives.composite import EmbeddingBatch
 from objectives.gather import gather_no_grad, gather_with_grad
-from training.kinds.base import BatchContext, ModelAdditions
+from training.kinds.base import BatchContext, EncodeCall, ModelAdditions
 
 
 def add_relation_table(model, extras: dict, start_folder: str | None, seed: int) -> ModelAdditions:
@@ -45,9 +45,9 @@ def _triple_texts(rows: dict[str, np.ndarray]) -> tuple[list[str], list[str], li
     return [str(t) for t in rows["head"]], [str(t) for t in rows["tail"]], [str(t) for t in rows["negative"]]
 
 
-def triples_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[tuple[list[str], int | None]]:
+def triples_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[EncodeCall]:
     head, tail, negative = _triple_texts(rows)
-    return [(head + tail + negative, None)]
+    return [(head + tail + negative, None, None)]
 
 
 def triples_embed(ctx: BatchContext, rows: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
