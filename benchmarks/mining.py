@@ -56,7 +56,7 @@ def run_raoe(pairs_file: Path, out: Path, actors: int) -> dict:
     result = mine_negatives.main(cfg)
     result["wall_s"] = time.time() - started
     rows = [json.loads(line) for f in sorted(out.glob("*.json*")) for line in open(f)]
-    result["negatives"] = {(r["text1"], r["text2"]): r["negative"] for r in rows}
+    result["negatives"] = {(r["query"], r["positives"][0]): r["negatives"][0] for r in rows}  # query groups
     return result
 
 

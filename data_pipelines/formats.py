@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 from data_pipelines.records import (
     NO_LABEL,
     RecordError,
+    group_record,
     normalise_label,
     pair_record,
     sentence_record,
@@ -22,7 +23,8 @@ from data_pipelines.records import (
 )
 
 Row = dict[str, Any]
-CORPUS_KINDS = ("pairs", "sts", "sentences", "lists", "triples", "triplets")
+CORPUS_KINDS = ("pairs", "sts", "sentences", "lists", "triples", "triplets", "groups")
+PARQUET_FORMATS = ("parquet", "groups_parquet")
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def parquet_spans(path: Path, target_bytes: int) -> list[Span]:
 
 def read_spans(fmt: str, path: Path, target_bytes: int) -> list[Span]:
     """How a file of a SPLITTABLE format is cut into read tasks: row groups for Parquet, line ends for text."""
-    return parquet_spans(path, target_bytes) if fmt == "parquet" else file_spans(path, target_bytes)
+    return parquet_spans(path, target_bytes) if fmt in PARQUET_FORMATS else file_spans(path, target_bytes)
 
 
 def _lines(path: Path, span: Span | None = None) -> Iterator[tuple[int, str | None, str | None]]:
@@ -286,6 +288,8 @@ SPLITTABLE: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
                 "parquet": lambda p, span: _parquet(p, triple_record, span)},
     "triplets": {"triplets_jsonl": lambda p, span: _records(p, triplet_record, span),
                  "parquet": lambda p, span: _parquet(p, triplet_record, span)},
+    "groups": {"groups_jsonl": lambda p, span: _records(p, group_record, span),
+               "groups_parquet": lambda p, span: _parquet(p, group_record, span)},
 }
 
 PARSERS: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
@@ -311,6 +315,8 @@ PARSERS: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
                 "parquet": lambda p, split: _parquet(p, triple_record)},
     "triplets": {"triplets_jsonl": lambda p, split: _records(p, triplet_record),
                  "parquet": lambda p, split: _parquet(p, triplet_record)},
+    "groups": {"groups_jsonl": lambda p, split: _records(p, group_record),
+               "groups_parquet": lambda p, split: _parquet(p, group_record)},
 }
 
 
@@ -322,7 +328,7 @@ def detect_format(kind: str, path: Path) -> str:
         raise ValueError(f"cannot tell the format of folder {path}; set data.format")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        return "parquet"
+        return "groups_parquet" if kind == "groups" else "parquet"
     if kind == "sts":
         return "senteval_sts" if path.name.startswith("sts-") and _first_line(path).count("\t") >= 6 else "stsb_csv"
     if kind == "pairs":
@@ -334,6 +340,8 @@ def detect_format(kind: str, path: Path) -> str:
         return "jsonl" if suffix in (".jsonl", ".json") else "txt"
     if kind == "triplets":
         return "triplets_jsonl"
+    if kind == "groups":
+        return "groups_jsonl"
     return "jsonl"
 
 
@@ -356,6 +364,7 @@ FIELDS = {
     "lists": ("sentences",),
     "triples": ("head", "tail", "relation", "negative"),
     "triplets": ("text1", "text2", "text_neg", "label", "similarity"),
+    "groups": ("query", "positives", "negatives", "positive_scores", "negative_scores"),
 }
 
 

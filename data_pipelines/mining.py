@@ -3,8 +3,9 @@ cached index (evaluation.corpus_index), each query's top ``top_k`` corpus texts 
 positives (every text paired with the same query) and the query itself are dropped, and a candidate is kept only
 under a margin against the positive's score: ``score <= margin x positive score`` (relative, NV-Retriever's
 TopK-PercPos) or ``score <= positive score - margin`` (absolute). Scores come from the mining model, or from a
-teacher bi-encoder that re-scores the candidates and positives. Each pair gives up to ``negatives_per_row`` rows
-``{text1, text2, negative}``, hardest first.
+teacher bi-encoder that re-scores the candidates and positives. Each pair gives one query group ``{query,
+positives: [positive], negatives: [...]}`` with up to ``negatives_per_row`` negatives, hardest first, and the scores
+that kept them (``positive_scores``, ``negative_scores``).
 
 Reading, encoding, searching and writing run in Ray Data; the driver only sees per-batch counts."""
 
@@ -27,6 +28,7 @@ from evaluation.figures import pyplot, save_figure
 from storage.paths import file_identity, storage_path
 
 HISTOGRAM_BINS = np.linspace(-1.0, 1.0, 41)
+GROUP_COLUMNS = ("query", "positives", "negatives", "positive_scores", "negative_scores")  # what mining writes
 
 
 @dataclass(frozen=True)
@@ -144,8 +146,9 @@ class NegativeMiner:
 
         return normalised(inference_embeddings(model, texts, self.s.batch_size, side))
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
-        """Mined rows of a batch of queries, then one row without a negative carrying the batch's counts."""
+    def __call__(self, batch: dict[str, np.ndarray]):
+        """A group per (query, positive) pair of a batch of queries, then one row without a negative carrying the
+        batch's counts."""
         from evaluation.search import RunningTopK
 
         queries = [str(q) for q in batch["text1"]]
@@ -162,7 +165,7 @@ class NegativeMiner:
         q_scorer = self._embed(scorer, queries, "query") if self.teacher else q_emb
         flat = [p for known in positives for p in known]
         p_scorer = np.split(self._embed(scorer, flat, "document"), np.cumsum([len(k) for k in positives])[:-1])
-        out = {k: [] for k in ("text1", "text2", "negative", "positive_score", "negative_score", "batch_stats")}
+        out = {k: [] for k in GROUP_COLUMNS + ("batch_stats",)}
         stats = {"pairs": 0, "without_negative": 0, "dropped_by_margin": 0}
         for i, (query, known) in enumerate(zip(queries, positives)):
             excluded = set(known) | {query}
@@ -178,15 +181,15 @@ class NegativeMiner:
                 stats["pairs"] += 1
                 stats["dropped_by_margin"] += len(candidates) - len(keep)
                 stats["without_negative"] += not keep
-                for j in keep[: self.s.negatives_per_row]:
-                    for key, value in (("text1", query), ("text2", positive), ("negative", candidates[j]),
-                                       ("positive_score", float(pos_score)), ("negative_score", float(cand_scores[j])),
-                                       ("batch_stats", "")):
-                        out[key].append(value)
-        for key, value in (("text1", ""), ("text2", ""), ("negative", None), ("positive_score", np.nan),
-                           ("negative_score", np.nan), ("batch_stats", json.dumps(stats))):
+                kept = keep[: self.s.negatives_per_row]
+                for key, value in (("query", query), ("positives", [positive]),
+                                   ("negatives", [candidates[j] for j in kept]), ("positive_scores", [float(pos_score)]),
+                                   ("negative_scores", [float(cand_scores[j]) for j in kept]), ("batch_stats", "")):
+                    out[key].append(value)
+        for key, value in (("query", ""), ("positives", []), ("negatives", []), ("positive_scores", []),
+                           ("negative_scores", []), ("batch_stats", json.dumps(stats))):
             out[key].append(value)
-        return out
+        return _typed(out)
 
 
 def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool, queries_per_batch: int = 256):
@@ -205,17 +208,19 @@ def mining_report(mined) -> dict:
 
     def reduce(table):
         stats = [json.loads(s) for s in table["batch_stats"].to_pylist() if s]
-        written = table.filter(pa.compute.is_valid(table["negative"]))
-        pos = np.histogram(written["positive_score"].to_numpy(zero_copy_only=False), HISTOGRAM_BINS)[0]
-        neg = np.histogram(written["negative_score"].to_numpy(zero_copy_only=False), HISTOGRAM_BINS)[0]
+        written = table.filter(_with_negatives(table))
+        flat = lambda name: pa.compute.list_flatten(written[name]).to_numpy(zero_copy_only=False)  # noqa: E731
         return pa.table({"pairs": [sum(s["pairs"] for s in stats)],
                          "without_negative": [sum(s["without_negative"] for s in stats)],
                          "dropped_by_margin": [sum(s["dropped_by_margin"] for s in stats)],
-                         "written": [written.num_rows], "pos": [pos.tolist()], "neg": [neg.tolist()]})
+                         "written": [written.num_rows], "negatives": [len(flat("negatives"))],
+                         "pos": [np.histogram(flat("positive_scores"), HISTOGRAM_BINS)[0].tolist()],
+                         "neg": [np.histogram(flat("negative_scores"), HISTOGRAM_BINS)[0].tolist()]})
 
     parts = mined.map_batches(reduce, batch_format="pyarrow", batch_size=None).take_all()
     return {"pairs_in": sum(int(p["pairs"]) for p in parts),
             "rows_written": sum(int(p["written"]) for p in parts),
+            "negatives_written": sum(int(p["negatives"]) for p in parts),
             "rows_without_negative": sum(int(p["without_negative"]) for p in parts),
             "candidates_dropped_by_margin": sum(int(p["dropped_by_margin"]) for p in parts),
             "histogram": {"bins": HISTOGRAM_BINS.tolist(),
@@ -223,11 +228,27 @@ def mining_report(mined) -> dict:
                           "negative": np.sum([p["neg"] for p in parts], axis=0).astype(int).tolist()}}
 
 
-def write_mined(mined, output_path: str) -> None:
-    """The rows that have a negative, as JSON lines {text1, text2, negative} (a folder of files)."""
+def _typed(columns: dict[str, list]):
+    """The mined groups as an Arrow table of fixed types: a batch whose groups all lost their negatives would
+    otherwise give list<null> columns that other batches' list<string> do not concatenate with."""
+    import pyarrow as pa
+
+    texts, scores = pa.list_(pa.large_string()), pa.list_(pa.float64())
+    schema = pa.schema([("query", pa.large_string()), ("positives", texts), ("negatives", texts),
+                        ("positive_scores", scores), ("negative_scores", scores), ("batch_stats", pa.large_string())])
+    return pa.Table.from_pydict(columns, schema=schema)
+
+
+def _with_negatives(table):
     import pyarrow.compute as pc
 
-    rows = mined.map_batches(lambda t: t.filter(pc.is_valid(t["negative"])).select(["text1", "text2", "negative"]),
+    return pc.greater(pc.list_value_length(table["negatives"]), 0)
+
+
+def write_mined(mined, output_path: str) -> None:
+    """The groups that kept a negative, as JSON lines {query, positives, negatives, positive_scores,
+    negative_scores} (a folder of files; Stage 1 trains them with data.format groups_jsonl)."""
+    rows = mined.map_batches(lambda t: t.filter(_with_negatives(t)).select(list(GROUP_COLUMNS)),
                              batch_format="pyarrow")
     rows.write_json(output_path)
 

@@ -39,8 +39,9 @@ class DataReport:
 
 
 # Formats by the file names they read; a file whose suffix belongs to another group is refused before any work.
-SUFFIX_FORMATS = {(".parquet",): ("parquet",), (".csv", ".tsv"): ("csv", "stsb_csv", "senteval_sts"),
-                  (".jsonl", ".json", ".ndjson"): ("jsonl", "pairs_jsonl", "snli_jsonl", "triplets_jsonl")}
+SUFFIX_FORMATS = {(".parquet",): ("parquet", "groups_parquet"), (".csv", ".tsv"): ("csv", "stsb_csv", "senteval_sts"),
+                  (".jsonl", ".json", ".ndjson"): ("jsonl", "pairs_jsonl", "snli_jsonl", "triplets_jsonl",
+                                                   "groups_jsonl")}
 
 
 def corpus_files(path: str | Path, kind: str, fmt: str) -> tuple[list[Path], str]:

@@ -150,3 +150,69 @@ def triple_record(record: dict[str, Any]) -> dict[str, Any]:
             raise RecordError("field 'negative' equals the tail (the positive itself)")
     return {"head": head, "tail": tail, "relation": relation, "negative": negative}
 
+
+
+GROUP_NAMES = {"query": ("query", "anchor", "text1"), "positives": ("positives", "pos", "positive_passages"),
+               "negatives": ("negatives", "neg", "negative_passages"),
+               "positive_scores": ("positive_scores", "pos_scores"), "negative_scores": ("negative_scores", "neg_scores")}
+
+
+def _passage(value: Any, where: str) -> str:
+    """A group's text: a string, or a passage {title?, text} (tevatron, BEIR) as "title text"."""
+    if isinstance(value, dict):
+        text = text_field(value, "text") if "text" in value else text_field({where: None}, where)
+        title = value.get("title")
+        return f"{title} {text}".strip() if isinstance(title, str) and title.strip() else text
+    return text_field({where: value}, where)
+
+
+def _named(record: dict[str, Any], name: str) -> tuple[str, Any]:
+    return next(((k, record[k]) for k in GROUP_NAMES[name] if record.get(k) is not None), (GROUP_NAMES[name][0], None))
+
+
+def _texts(record: dict[str, Any], name: str, required: bool) -> tuple[str, list[str]]:
+    key, value = _named(record, name)
+    if value is None and name == "positives" and record.get("positive") is not None:
+        key, value = "positive", [record["positive"]]
+    if value is None:
+        if required:
+            raise RecordError(f"missing field {key!r} (a list of texts)")
+        return key, []
+    if not isinstance(value, list):
+        raise RecordError(f"field {key!r} must be a list of texts, got {type(value).__name__}")
+    if required and not value:
+        raise RecordError(f"field {key!r} is empty: a group needs at least one")
+    return key, [_passage(v, f"{key}[{i}]") for i, v in enumerate(value)]
+
+
+def _scores(record: dict[str, Any], name: str, count: int, of: str) -> list[float] | None:
+    """Teacher scores of a group's texts (distillation): one finite number per text, or none at all."""
+    key, value = _named(record, name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != count:
+        raise RecordError(f"field {key!r} must be a list of {count} numbers, one per text of {of!r}")
+    out = []
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise RecordError(f"field {key!r}[{i}] must be a finite number, got {v!r}")
+        out.append(float(v))
+    return out
+
+
+def group_record(record: dict[str, Any]) -> dict[str, Any]:
+    """{query, positives: [...], negatives: [...]} -> a GROUPS row: a query, one or more texts that answer it and
+    any number of hard negatives (FlagEmbedding's {query, pos, neg} and tevatron's passages {title, text} too), with
+    optional teacher scores per text (positive_scores / negative_scores, FlagEmbedding's pos_scores / neg_scores). A
+    negative that is one of the query's positives is an error."""
+    query_key, query = _named(record, "query")
+    query = text_field({query_key: query}, query_key)
+    positives_key, positives = _texts(record, "positives", required=True)
+    negatives_key, negatives = _texts(record, "negatives", required=False)
+    answers = {p.strip() for p in positives}
+    for i, negative in enumerate(negatives):
+        if negative.strip() in answers:
+            raise RecordError(f"{negatives_key}[{i}] is also one of the query's positives ({positives_key})")
+    return {"query": query, "positives": positives, "negatives": negatives,
+            "positive_scores": _scores(record, "positive_scores", len(positives), positives_key),
+            "negative_scores": _scores(record, "negative_scores", len(negatives), negatives_key)}

@@ -164,13 +164,18 @@ class TrainerConfig(Section):
         return (self.num_workers, self.num_workers) if isinstance(self.num_workers, int) else tuple(self.num_workers)
 
 
+GROUP_FORMATS = ("groups_jsonl", "groups_parquet")
+DEFAULT_GROUP_SIZE = 8
+
+
 class DataConfig(Section):
     train: str | None = Field(None, description="training corpus: a file, a folder, or hf:<dataset>[:<config>] "
                               "(Hugging Face datasets, split from data.split)")
     format: Literal["auto", "pairs_jsonl", "snli_jsonl", "senteval_nli", "csv", "parquet", "stsb_csv", "senteval_sts",
-                    "txt", "jsonl", "triplets_jsonl"] = (
+                    "txt", "jsonl", "triplets_jsonl", "groups_jsonl", "groups_parquet"] = (
         Field("auto", description="reader; auto picks by file name; triplets_jsonl: {text1, text2, negative} rows "
-              "(mined hard negatives, ray_jobs/mine_negatives.py) that supervised InfoNCE trains on")
+              "that supervised InfoNCE trains on; groups_jsonl / groups_parquet: query groups {query, positives: [...], "
+              "negatives: [...]} (ray_jobs/mine_negatives.py writes them), a stage1 job")
     )
     split: str | None = Field(None, description="split name for folder layouts (SentEval: dev, test, train) and hf: "
                               "datasets (default train)")
@@ -193,6 +198,25 @@ class DataConfig(Section):
                                   "shows what a step waited")
     triplets: bool = Field(False, description="NLI pairs -> (premise, entailment, contradiction) triplets: supervised "
                            "SimCSE's hard negatives (infonce/hince see them as emb_neg)")
+    group_size: int | None = Field(None, ge=1, description="query groups: the texts each query meets per step, 1 "
+                                   "positive and group_size - 1 of its negatives, drawn by (seed, step, row); null = 8 "
+                                   "(FlagEmbedding's train_group_size); only with data.format groups_jsonl / "
+                                   "groups_parquet")
+
+    @model_validator(mode="after")
+    def _groups_only(self) -> "DataConfig":
+        if self.group_size is not None and not self.groups:
+            raise ValueError(f"data.group_size is for query groups (data.format groups_jsonl or groups_parquet), "
+                             f"not data.format {self.format}")
+        return self
+
+    @property
+    def groups(self) -> bool:
+        return self.format in GROUP_FORMATS
+
+    @property
+    def texts_per_group(self) -> int:
+        return self.group_size or DEFAULT_GROUP_SIZE
 
 
 def _params_model(name: str) -> type[BaseModel]:

@@ -21,16 +21,18 @@ def infonce_loss(
     cross-entropy to its own positive; cosines divided by ``tau``.
 
     Args:
-        anchor, positive: [B, d]. negative: [B, d] hard negatives, or None (in-batch candidates only).
-        tau: temperature (divides). negative_mask: [B] bool, the hard negatives that are real.
-        anchor_ids, positive_ids, negative_ids: text ids ([B], [B], [B]) for false-negative masking.
+        anchor, positive: [B, d]. negative: [B', d] hard negatives (B' = B for triplets, B x (group_size - 1) for
+            query groups), or None (in-batch candidates only); every anchor meets every one.
+        tau: temperature (divides). negative_mask: [B'] bool, the hard negatives that are real.
+        anchor_ids, positive_ids, negative_ids: text ids ([B], [B], [B']) for false-negative masking.
 
     With text ids, false negatives leave anchor i's softmax: another row's positive when that row has the same anchor
     text (a query with several positives, or a mined pair repeated with each of its negatives) or the same positive
     text, and any hard negative whose text is positive_i.
 
-    Inputs (config name ``infonce``): SimCSE triplets (``data.triplets: true`` on NLI), pairs, or sentences
-    (unsupervised SimCSE: the two dropout views are anchor and positive). Batch fields: emb1, emb2, emb_neg.
+    Inputs (config name ``infonce``): SimCSE triplets (``data.triplets: true`` on NLI), query groups (``data.format:
+    groups_jsonl``: each query's group_size - 1 negatives), pairs, or sentences (unsupervised SimCSE: the two dropout
+    views are anchor and positive). Batch fields: emb1, emb2, emb_neg.
 
     Reference: objectives.references.SIMCSE.
 
@@ -111,7 +113,8 @@ def hince_share(
     if aligned_negative is not None:
         candidates.append(F.normalize(aligned_negative, dim=-1))
         scales.append(torch.full((aligned_negative.shape[0],), 1.0 / tau2, device=anchor.device))
-        valid.append(negative_mask.bool() if negative_mask is not None else torch.ones_like(valid[0]))
+        valid.append(negative_mask.bool() if negative_mask is not None
+                     else torch.ones(aligned_negative.shape[0], dtype=torch.bool, device=anchor.device))
     targets = torch.arange(rows.start, rows.stop, device=anchor.device)
     extra = aligned_negative.shape[0] if aligned_negative is not None else 0
     none = torch.full((extra,), -1, dtype=torch.long, device=anchor.device)  # a key no text id equals

@@ -2,9 +2,10 @@
 positives) is encoded once by an actor pool into a cached index, each query's top mining.top_k corpus texts are
 found by exact search, its known positives are dropped, and a candidate is kept only under a margin against the
 positive's score (mining.margin_type relative: score <= margin x positive score, NV-Retriever's TopK-PercPos;
-absolute: score <= positive score - margin), optionally re-scored by mining.teacher. Writes up to
-mining.negatives_per_row rows {text1, text2, negative} per pair, JSON lines under output_path, that Stage 1 trains
-supervised InfoNCE on (data.format: triplets_jsonl, objective infonce).
+absolute: score <= positive score - margin), optionally re-scored by mining.teacher. Writes a query group per
+pair, {query, positives: [positive], negatives: [up to mining.negatives_per_row, hardest first], positive_scores,
+negative_scores}, JSON lines under output_path, that Stage 1 trains supervised InfoNCE on (data.format: groups_jsonl,
+data.group_size, objective infonce).
 
 data.train: (query, positive) rows ({text1, text2} or {query | anchor, positive} JSON lines, Parquet, hf:<dataset>)
 or labelled NLI pairs (SNLI/SentEval/pairs JSON lines), of which the entailment pairs are the (query, positive) pairs.
@@ -44,7 +45,8 @@ class MiningConfig(Section):
     margin: float = Field(0.95, description="relative: keep score <= margin x positive score; absolute: keep score "
                           "<= positive score - margin")
     margin_type: Literal["relative", "absolute"] = Field("relative", description="how margin is applied")
-    negatives_per_row: int = Field(1, ge=1, description="rows written per pair, each with one negative, hardest first")
+    negatives_per_row: int = Field(1, ge=1, description="negatives kept in each pair's group, hardest first (a "
+                                   "group of data.group_size trains on group_size - 1 of them per step)")
     teacher: str | None = Field(None, description="a bi-encoder that re-scores candidates and positives (the margin "
                                 "then applies to its scores); null = the mining model's scores")
     batch_size: int = Field(64, ge=1, description="texts per encoder call")
@@ -55,7 +57,8 @@ class MineJobConfig(EncoderPoolSection):
     data: MiningDataConfig
     mining: MiningConfig = Field(default_factory=MiningConfig)
     output_path: OutputPath = Field("outputs/mined/negatives", validate_default=True,
-                                    description="folder of JSON-lines files {text1, text2, negative}; " + RELATIVE)
+                                    description="folder of JSON-lines files of query groups {query, positives, "
+                                    "negatives, positive_scores, negative_scores}; " + RELATIVE)
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-mining"))
     shared_filesystem: SharedFilesystem = False
 

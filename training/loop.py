@@ -108,7 +108,7 @@ def train_loop_per_worker(cfg: WorkerConfig) -> None:
         _announce(cfg.plan, world, strategy.name, kind.unit, progress, cfg.trainer.cache_embeddings)
     batches = BatchContext(module=strategy.module, model=model, device=device, autocast=strategy.autocast,
                            length_buckets=cfg.trainer.length_buckets, fields=cfg.fields,
-                           negative_dropout=cfg.model.negative_dropout, sides=kind.sides)
+                           negative_dropout=cfg.model.negative_dropout, sides=kind.sides, group_size=cfg.group_size)
     stepper = Stepper(cfg.plan, cfg.trainer.seed, kind, batches, strategy, objective, rank,
                       cache_embeddings=cfg.trainer.cache_embeddings)
     run = _Run(cfg, stepper, strategy, evaluator, metrics_log, rank, world)

@@ -233,8 +233,10 @@ class MicroBatchFeed:
     loop still waited."""
 
     def __init__(self, rows: CorpusRows, plan: StepPlan, seed: int, rank: int,
-                 prepare: Callable[[dict[str, np.ndarray]], Any] = lambda rows: None, prefetch: bool = True):
+                 prepare: Callable[[dict[str, np.ndarray]], Any] = lambda rows: None, prefetch: bool = True,
+                 draw: Callable[[dict[str, np.ndarray], int, np.ndarray], dict[str, np.ndarray]] | None = None):
         self.rows, self.plan, self.seed, self.rank, self.prepare = rows, plan, seed, rank, prepare
+        self.draw = draw  # (rows, step, their corpus row numbers) -> the rows this step trains on (query groups)
         self.prefetch = prefetch
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raoe-feed")
         self._pending: tuple[tuple[int, int], Future] | None = None
@@ -267,5 +269,8 @@ class MicroBatchFeed:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _micro_batch(self, step: int, micro: int) -> MicroBatch:
-        rows = self.rows.take(self.plan.micro_rows(self.seed, step, micro, self.rank))
+        index = self.plan.micro_rows(self.seed, step, micro, self.rank)
+        rows = self.rows.take(index)
+        if self.draw is not None:
+            rows = self.draw(rows, step, index)
         return MicroBatch(rows, self.prepare(rows))

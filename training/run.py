@@ -47,6 +47,10 @@ def choose_kind(cfg: TrainJobConfig) -> tuple[DataKind, set[str]]:
         if name != "pairs":
             raise ValueError("data.format triplets_jsonl holds (query, positive, negative) rows for a stage1 job")
         name = "mined_triplets"
+    elif cfg.data.groups:
+        if name != "pairs":
+            raise ValueError(f"data.format {cfg.data.format} holds query groups for a stage1 job")
+        name = "groups"
     elif cfg.data.triplets:
         if name != "pairs":
             raise ValueError("data.triplets builds SimCSE triplets from NLI pairs; it needs a stage1 (NLI) job")
@@ -78,9 +82,11 @@ def check_batch_fits(weights: dict[str, float], global_batch: int, grad_accum: i
 
 
 def without_unread_negatives(ds, needed: set[str]):
-    """The rows without their hard negatives when the objective does not read them (triplets trained with AnglE's
-    in-batch negatives alone): else every worker encodes and gathers them for nothing (~50% more encoder work)."""
-    return ds.drop_columns(["text_neg"]) if "emb_neg" not in needed and "text_neg" in ds.columns() else ds
+    """The rows without their hard negatives when the objective does not read them (triplets or query groups trained
+    with AnglE's in-batch negatives alone): else every worker encodes and gathers them for nothing (~50% more encoder
+    work)."""
+    unread = [c for c in ("text_neg", "negatives") if c in ds.columns()] if "emb_neg" not in needed else []
+    return ds.drop_columns(unread) if unread else ds
 
 
 def default_run_name(stage: str) -> str:
@@ -300,7 +306,7 @@ def _worker_config(cfg: TrainJobConfig, pre: Preflight, plan, corpus: CorpusBloc
         run_folder=f"{_storage(cfg).rstrip('/')}/{run_name}",  # where Ray Train puts this run's checkpoints
         tracking=RunTarget(tracking_uri(), run_id, cfg.tracking.retry_seconds),
         extras={k: v for k, v in extras.items() if k not in ("heldout", "counts")},  # driver-side only
-        after_step=tuple(after_step),
+        after_step=tuple(after_step), group_size=cfg.data.texts_per_group if pre.kind.name == "groups" else 1,
     )
 
 

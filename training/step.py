@@ -70,9 +70,12 @@ class Stepper:
         """This worker's micro-batches from ``rows`` (training.rows.CorpusRows or InMemoryRows), each tokenised chunk
         by chunk as this step encodes them (ahead, in a thread, with ``prefetch``)."""
         chunks = self.plan.chunks_per_micro
+        draw = self.kind.draw
         return MicroBatchFeed(rows, self.plan, self.seed, self.rank, prefetch=prefetch,
                               prepare=lambda micro: self.batches.tokenized(
-                                  chunked_calls(self.kind, self.batches, micro, chunks)))
+                                  chunked_calls(self.kind, self.batches, micro, chunks)),
+                              draw=None if draw is None else
+                              lambda micro, step, index: draw(self.batches, micro, self.seed, step, index))
 
     def __call__(self, feed, step: int) -> tuple[float, dict[str, float]]:
         """Every micro-batch of optimizer step ``step``; returns its mean loss and per-objective parts."""

@@ -1,6 +1,6 @@
 """Hard-negative mining: the job's rows equal a brute-force reference (exact search over every corpus text, known
 positives and the query dropped, the margin against each positive's score, hardest first) computed here with the
-same model; its counts add up; its output trains as mined triplets."""
+same model; its counts add up; its output, query groups, trains a Stage 1 job."""
 
 import json
 import sys
@@ -93,22 +93,29 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
                             tracking={"experiment": "raoe-test"})
     result = job.main(cfg)
     written = [json.loads(line) for f in sorted(Path(result["output_path"]).glob("*.json*")) for line in open(f)]
-    got = {(r["text1"], r["text2"], r["negative"]) for r in written}
+    got = {(r["query"], r["positives"][0], n) for r in written for n in r["negatives"]}
     texts = extra + [r["positive"] for r in pairs]
     expected, without, dropped = _reference(model, pairs, texts, 40, margin, margin_type, 2, teacher)
     assert expected != _reference(model, pairs, texts, 40, margin, margin_type, 2)[0]  # the teacher matters here
-    assert got == expected and len(written) == len(got) == result["rows_written"] > 0
+    assert got == expected and sum(len(r["negatives"]) for r in written) == len(got) == result["negatives_written"]
+    assert len(written) == result["rows_written"] == result["pairs_in"] - result["rows_without_negative"] > 0
     assert result["rows_in"] == len(pairs) and result["pairs_in"] == len({(r["query"], r["positive"]) for r in pairs})
     assert result["rows_without_negative"] == without and result["candidates_dropped_by_margin"] == dropped
-    assert sum(result["histogram"]["negative"]) == result["rows_written"]
-    assert all(r["negative"] != r["text2"] for r in written) and Path(result["plot"]).exists()
+    assert sum(result["histogram"]["negative"]) == result["negatives_written"]
+    for group in written:  # one positive, at most negatives_per_row negatives, with the teacher's scores
+        assert len(group["positives"]) == len(group["positive_scores"]) == 1 and 1 <= len(group["negatives"]) <= 2
+        assert len(group["negative_scores"]) == len(group["negatives"]) and not set(group["negatives"]) & set(
+            group["positives"])
+        assert max(group["negative_scores"]) <= margin * group["positive_scores"][0] + 1e-6
+    assert Path(result["plot"]).exists()
     assert dropped > 0 and without > 0  # the margin really drops candidates here, and leaves some pairs without
 
 
-def test_nli_pairs_mine_among_their_entailments_and_train_as_mined_triplets(ray_local, tmp_path, monkeypatch, s3):
+def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_local, tmp_path, monkeypatch, s3):
     """Labelled NLI pairs: only entailment pairs are (query, positive); the default corpus is their positives; an
-    absolute margin; the rows, written by the tasks to object storage (the local S3 endpoint), equal the brute-force
-    reference and read back from there as the mined-triplets kind. The corpus index is kept on that storage too
+    absolute margin; the groups, written by the tasks to object storage (the local S3 endpoint), equal the
+    brute-force reference, read back from there as query groups and train a Stage 1 job (groups of 3, query and
+    document prompts) straight from that storage. The corpus index is kept on that storage too
     (RAOE_INDEX_CACHE): the driver makes its node's copy (here, under this test's RAOE_NODE_CACHE), and the mining
     actors open the index by its URI (the shared Ray's own node cache) and find the rows the reference finds."""
     from data_pipelines.readers import load_corpus
@@ -136,16 +143,29 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_mined_triplets(ray_
     assert result["output_path"] == s3.uri("mined") and result["plot"] == s3.uri("mined-scores.png")
     assert result["index_path"].startswith(s3.uri("indexes/")) and len(list((tmp_path / "node").glob("index-*/"))) == 1
     assert storage_path(result["plot"]).read_bytes().startswith(b"\x89PNG")
-    ds, report = load_corpus("triplets", result["output_path"], fmt="triplets_jsonl")
+    ds, report = load_corpus("groups", result["output_path"], fmt="groups_jsonl")
     mined = ds.take_all()
     assert report.rows_written == result["rows_written"] == len(mined) > 0
-    assert {(r["text1"], r["text2"], r["text_neg"]) for r in mined} == expected
+    assert {(r["query"], r["positives"][0], n) for r in mined for n in r["negatives"]} == expected
     assert (result["rows_without_negative"], result["candidates_dropped_by_margin"]) == (without, dropped)
-    assert all((r["text1"], r["text2"]) in entailed and r["text_neg"] for r in mined)
+    assert all((r["query"], r["positives"][0]) in entailed and len(r["negatives"]) for r in mined)
+    for r in mined:  # hardest first, each under the absolute margin
+        assert list(r["negative_scores"]) == sorted(r["negative_scores"], reverse=True)
+        assert max(r["negative_scores"]) <= r["positive_scores"][0] - 0.01 + 1e-6
     positives = {}
     for q, p in entailed:
         positives.setdefault(q, set()).add(p)
-    assert all(r["text_neg"] not in positives[r["text1"]] for r in mined)  # never a known positive
+    assert all(not set(r["negatives"]) & positives[r["query"]] for r in mined)  # never a known positive
+
+    from tests.training.conftest import tiny_config
+    from training.run import run_training
+
+    trained = run_training(tiny_config(
+        tmp_path, "mined-groups", f"data.train={result['output_path']}", "data.format=groups_jsonl",
+        "data.group_size=3", "objective.weights={infonce: 1.0}", "trainer.max_steps=2", "trainer.global_batch_size=8",
+        "model.prompts={query: 'query: ', document: 'passage: '}"))
+    assert trained["rows_written"] == len(mined) and trained["metrics"]["steps"] == 2
+    assert np.isfinite(trained["metrics"]["train_loss"]) and trained["metrics"]["train_loss"] > 0
 
 
 def test_mined_triplets_without_a_negative_are_refused_by_name(ray_local):

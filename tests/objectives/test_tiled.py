@@ -21,7 +21,11 @@ def _inputs():
     ids1 = torch.tensor([1, 2, 3, 1, 5, 6, 7, 8, 2, 10, 11])  # repeated anchors
     ids2 = torch.tensor([21, 22, 23, 24, 21, 26, 1, 28, 29, 30, 31])  # a repeated positive; a positive equal to text 1
     ids_neg = torch.tensor([40, 22, 42, 43, 44, 45, 46, 47, 48, 23, 50])  # negatives equal to a tail
-    return {"e1": e1, "e2": e2, "neg": neg, "table": table, "ids1": ids1, "ids2": ids2, "ids_neg": ids_neg,
+    group = torch.randn(3 * B, D, generator=g, dtype=torch.float64, requires_grad=True)  # 3 negatives per query
+    ids_group = torch.cat([ids_neg, torch.arange(60, 60 + 2 * B)])
+    ids_group[15] = 21  # a group's negative equal to another row's positive text
+    return {"e1": e1, "e2": e2, "neg": neg, "group": group, "ids_group": ids_group, "table": table, "ids1": ids1,
+            "ids2": ids2, "ids_neg": ids_neg,
             "relation": torch.arange(B) % 3, "mask": torch.arange(B) % 4 != 1,
             "positive": torch.tensor([1, 0, 1, 1, 1, 0, 1, 1, 0, 1, 1], dtype=torch.bool)}
 
@@ -37,6 +41,11 @@ LOSSES = {
                              positive_ids=x["ids2"], negative_ids=x["ids_neg"]),
         lambda x, rows: hince_share(x["e1"], x["e2"], x["neg"], rows, tau1=0.05, tau2=0.05, anchor_ids=x["ids1"],
                                     positive_ids=x["ids2"], negative_ids=x["ids_neg"])),
+    "infonce query groups": (  # B' = 3B negatives, every query against all of them
+        lambda x: hince_loss(x["e1"], x["e2"], x["group"], tau1=0.05, tau2=0.05, anchor_ids=x["ids1"],
+                             positive_ids=x["ids2"], negative_ids=x["ids_group"]),
+        lambda x, rows: hince_share(x["e1"], x["e2"], x["group"], rows, tau1=0.05, tau2=0.05, anchor_ids=x["ids1"],
+                                    positive_ids=x["ids2"], negative_ids=x["ids_group"])),
     "simcse in-batch only": (lambda x: hince_loss(x["e1"], x["e2"], None, tau1=0.05, tau2=0.05),
                              lambda x, rows: hince_share(x["e1"], x["e2"], None, rows, tau1=0.05, tau2=0.05)),
     "relational": (lambda x: relational_loss(x["e1"], x["e2"], x["relation"], x["table"], x["neg"], x["ids1"],
@@ -50,7 +59,7 @@ LOSSES = {
 
 
 def _value_and_grads(x, loss):
-    leaves = [x[k] for k in ("e1", "e2", "neg", "table")]
+    leaves = [x[k] for k in ("e1", "e2", "neg", "group", "table")]
     for leaf in leaves:
         leaf.grad = None
     value = loss()

@@ -23,6 +23,12 @@ TEXTS = np.array(WORDS, dtype=object)
 OTHER = np.array([w.replace("a ", "the ") + " today" for w in WORDS], dtype=object)
 
 
+def _cells(lists: list[list[str]]) -> np.ndarray:
+    out = np.empty(len(lists), dtype=object)
+    out[:] = lists
+    return out
+
+
 def _lists() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     lists, sims = np.empty(BATCH, dtype=object), np.empty(BATCH, dtype=object)
@@ -43,11 +49,17 @@ ROWS = {
                                                           dtype=object)},
     "lists": _lists(),
     "triples": {"head": TEXTS, "tail": OTHER, "negative": np.roll(OTHER, 2), "relation_id": np.arange(BATCH) % 2},
+    # query groups: 1 or 2 positives, 2 to 4 negatives, of which each step draws GROUP_SIZE - 1
+    "groups": {"query": TEXTS, "positives": _cells([[OTHER[i]] + ([WORDS[(i + 4) % BATCH]] if i % 2 else [])
+                                                    for i in range(BATCH)]),
+               "negatives": _cells([[f"{WORDS[(i + j) % BATCH]} again" for j in range(1, 3 + i % 3)]
+                                    for i in range(BATCH)])},
 }
+GROUP_SIZE = 4
 OBJECTIVES = {"pairs": {"rank_margin": 1.0, "gated_angle": 1.0, "angle_ibn": 1.0},
               "sts": {"cosent": 1.0, "angle_ibn": 1.0, "angle": 1.0}, "triplets": {"infonce": 1.0},
               "sentences": {"infonce": 1.0}, "sentences_san": {"hince": 1.0}, "lists": {"listmle": 1.0},
-              "triples": {"relational": 1.0}}
+              "triples": {"relational": 1.0}, "groups": {"infonce": 1.0}}
 
 
 @dataclass(frozen=True)
@@ -152,7 +164,8 @@ def one_step(scenario: Scenario, rank: int, world: int) -> tuple[float, float, n
     weights = {scenario.objective: 1.0} if scenario.objective else OBJECTIVES[scenario.kind]
     fields = tuple(sorted(fields_read(weights, kind.provides) & set(FIELD_COLUMNS)))
     batches = BatchContext(module=strategy.module, model=model, device=torch.device("cpu"), autocast=strategy.autocast,
-                           length_buckets=2, fields=fields, negative_dropout=0.2, sides=kind.sides)
+                           length_buckets=2, fields=fields, negative_dropout=0.2, sides=kind.sides,
+                           group_size=GROUP_SIZE)
     stepper = Stepper(plan, scenario.seed, kind, batches, strategy, CompositeObjective(weights), rank,
                       cache_embeddings=scenario.cached)
     taken = _gradient_taken(strategy, model)
@@ -228,6 +241,7 @@ TWO = [Scenario(k) for k in KINDS] + [Scenario(k, cached=True) for k in KINDS] +
     Scenario("sts", bf16=True), Scenario("sts", bf16=True, cached=True),
     Scenario("sts", strategy="zero", zero=2, bf16=True, cached=True),
     Scenario("triplets", sided=True), Scenario("triplets", sided=True, cached=True),
+    Scenario("groups", strategy="zero", zero=2, cached=True),
 ]
 
 
@@ -264,8 +278,9 @@ def test_cached_embeddings_equal_the_direct_step(steps, kind):
     (Scenario("pairs"), Scenario("pairs", strategy="zero", zero=1, cached=True)),
     (Scenario("sts", bf16=True), Scenario("sts", bf16=True, cached=True)),
     (Scenario("sts", bf16=True), Scenario("sts", strategy="zero", zero=2, bf16=True, cached=True)),
+    (Scenario("groups"), Scenario("groups", strategy="zero", zero=2, cached=True)),
 ], ids=["zero-2", "zero-2 relation table", "zero-3 san", "qlora checkpointed", "zero-0", "zero-1", "bf16",
-        "bf16 zero-2"])
+        "bf16 zero-2", "zero-2 query groups"])
 def test_cached_embeddings_equal_the_direct_step_under_each_strategy(steps, direct, cached):
     _same(steps[2][cached.name], steps[2][direct.name], cached.name)
 

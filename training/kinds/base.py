@@ -43,6 +43,7 @@ class BatchContext:
     negative_dropout: float | None = None  # model.negative_dropout: SAN's p2 for the aligned negatives
     tokens: TokenCache = field(default_factory=TokenCache)  # the micro-batch's inputs, tokenised ahead
     sides: dict[str, str] = field(default_factory=dict)  # text column -> 'query' | 'document' (DataKind.sides)
+    group_size: int = 1  # data.group_size: query groups' texts per query and step (1 positive, the rest negatives)
 
     def encode(self, texts: list[str], buckets: int | None = None, side: str | None = None) -> torch.Tensor:
         """Embeddings with gradient of texts on ``side`` (its prompt and max length), in ``buckets`` (default

@@ -33,6 +33,36 @@ def mined_with_negatives(ds, cfg, start_model: str):
     return ds
 
 
+def _without_negatives(table):
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.equal(pc.list_value_length(table["negatives"]), 0), True)
+
+
+def groups_with_negatives(ds, cfg, start_model: str):
+    """Query groups: with data.group_size above 1 each query meets negatives every step, so a group without any
+    cannot train and is left out, counted and said."""
+    ds = ds.select_columns(["query", "positives", "negatives"])
+    if cfg.data.texts_per_group == 1:
+        return ds
+    total, missing = ds.count(), count_where(ds, _without_negatives)
+    if missing == total:
+        raise ValueError(f"none of the {total} query groups of {cfg.data.train} has a negative; data.group_size "
+                         f"{cfg.data.texts_per_group} needs them: mine them (ray_jobs/mine_negatives.py) or set "
+                         f"data.group_size=1 (in-batch negatives only)")
+    if missing:
+        print(f"[raoe] {missing} of {total} query groups have no negative: left out (data.group_size "
+              f"{cfg.data.texts_per_group} needs them)", flush=True)
+        ds = ds.map_batches(_with_negatives, batch_format="pyarrow")
+    return ds
+
+
+def _with_negatives(table):
+    import pyarrow.compute as pc
+
+    return table.filter(pc.invert(_without_negatives(table)))
+
+
 def sentences_only(ds, cfg, start_model: str):
     return ds.select_columns(["text"])  # a SAN corpus trains plain SimCSE too: its negatives stay behind
 

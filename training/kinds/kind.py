@@ -56,6 +56,9 @@ class DataKind:
     load: Callable[..., tuple] | None = None
     setup_model: Callable[..., ModelAdditions] | None = None  # (model, extras, start folder, seed), on every worker
     finish: Callable[..., dict] | None = None  # (job config, model folder, extras, output folder) -> metrics
+    # (ctx, corpus rows, seed, step, their corpus row numbers) -> the rows a step trains on, drawn from each corpus row
+    # by (seed, step, row) alone (query groups: one positive and group_size - 1 negatives), so 1 = N workers
+    draw: Callable[..., dict[str, np.ndarray]] | None = None
 
     def build(self, ctx: BatchContext, rows: dict[str, np.ndarray]) -> EmbeddingBatch:
         """The gathered batch of ``rows`` encoded as one chunk."""

@@ -14,8 +14,32 @@ _EMBEDDING_OF = {"text1": "emb1", "text2": "emb2", "text_neg": "emb_neg"}
 
 
 def _pair_texts(rows: dict[str, np.ndarray]) -> dict[str, list[str]]:
-    """The text columns of a chunk, in encoding order (the hard negative only where the rows carry one)."""
-    return {name: [str(t) for t in rows[name]] for name in _EMBEDDING_OF if name in rows}
+    """The text columns of a chunk, in encoding order (the hard negative only where the rows carry one; a query
+    group's negatives flat, row after row)."""
+    return {name: [str(t) for cell in rows[name] for t in (cell if isinstance(cell, (list, np.ndarray)) else [cell])]
+            for name in _EMBEDDING_OF if name in rows}
+
+
+def draw_groups(ctx: BatchContext, rows: dict[str, np.ndarray], seed: int, step: int,
+                index: np.ndarray) -> dict[str, np.ndarray]:
+    """Query groups -> what a step trains on: each query with one of its positives and ``group_size - 1`` of its
+    negatives, drawn by (seed, step, the row's corpus row number) alone, so any worker count, chunking or resume
+    draws the same; no negative twice in a group while the row has others (a row with fewer repeats them in a new
+    order)."""
+    wanted = ctx.group_size - 1
+    queries, positives, negatives = [], [], np.empty(len(index), dtype=object)
+    for i, (query, answers, row) in enumerate(zip(rows["query"], rows["positives"], index)):
+        rng = np.random.default_rng([seed, step, int(row)])
+        queries.append(str(query))
+        positives.append(str(answers[rng.integers(len(answers))]))
+        if wanted and "negatives" in rows:
+            pool = rows["negatives"][i]
+            order = np.concatenate([rng.permutation(len(pool)) for _ in range(-(-wanted // len(pool)))])
+            negatives[i] = [str(pool[j]) for j in order[:wanted]]
+    drawn = {"text1": np.array(queries, dtype=object), "text2": np.array(positives, dtype=object)}
+    if wanted and "negatives" in rows:
+        drawn["text_neg"] = negatives
+    return drawn
 
 
 def text_pairs_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[EncodeCall]:

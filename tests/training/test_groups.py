@@ -1,0 +1,118 @@
+"""Query groups: a row is a query, its positives and its negatives; each step draws one positive and group_size - 1
+negatives per query by (seed, step, row) alone. The exact global batch of groups (1 = 2 workers, cached = direct, ZeRO)
+is in test_exact_batch.py; mining groups and training on them, in tests/data_pipelines/test_mining.py."""
+
+import json
+
+import numpy as np
+import pytest
+
+from data_pipelines.records import RecordError, group_record
+
+
+def _cells(lists):
+    out = np.empty(len(lists), dtype=object)
+    out[:] = lists
+    return out
+
+
+def test_a_group_record_reads_the_fields_users_write():
+    assert group_record({"query": "q", "positives": ["p"], "negatives": ["n1", "n2"]}) == {
+        "query": "q", "positives": ["p"], "negatives": ["n1", "n2"], "positive_scores": None, "negative_scores": None}
+    flag = group_record({"query": "q", "pos": ["p", "p2"], "neg": ["n"], "pos_scores": [0.9, 0.8], "neg_scores": [1]})
+    assert flag["positives"] == ["p", "p2"] and flag["positive_scores"] == [0.9, 0.8] and flag["negative_scores"] == [1.0]
+    tevatron = group_record({"query": "q", "positive_passages": [{"docid": "1", "title": "T", "text": "body"}],
+                             "negative_passages": [{"title": "", "text": "other"}]})
+    assert tevatron["positives"] == ["T body"] and tevatron["negatives"] == ["other"]
+    assert group_record({"anchor": "q", "positive": "p"})["negatives"] == []  # no negatives: in-batch ones only
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"positives": ["p"]}, "missing field 'query'"),
+    ({"query": "q"}, "missing field 'positives'"),
+    ({"query": "q", "positives": []}, "'positives' is empty"),
+    ({"query": "q", "positives": "p"}, "must be a list of texts"),
+    ({"query": "q", "positives": ["p", " "]}, r"'positives\[1\]' is empty"),
+    ({"query": "q", "positives": ["p"], "negatives": ["n", "p"]}, r"negatives\[1\] is also one of the query's"),
+    ({"query": "q", "positives": ["p"], "negatives": ["n"], "negative_scores": [0.1, 0.2]}, "list of 1 numbers"),
+    ({"query": "q", "positives": ["p"], "positive_scores": [float("nan")]}, "finite number"),
+])
+def test_a_bad_group_names_its_field(record, message):
+    with pytest.raises(RecordError, match=message):
+        group_record(record)
+
+
+def _draw(rows, seed, step, index, group_size):
+    from types import SimpleNamespace
+
+    from training.kinds.text import draw_groups
+
+    return draw_groups(SimpleNamespace(group_size=group_size), rows, seed, step, np.asarray(index))
+
+
+ROWS = {"query": np.array(["q0", "q1", "q2"], dtype=object),
+        "positives": _cells([["a0"], ["a1", "b1", "c1"], ["a2"]]),
+        "negatives": _cells([[f"n0-{j}" for j in range(6)], ["n1-0", "n1-1"], [f"n2-{j}" for j in range(4)]])}
+
+
+def test_each_step_draws_a_positive_and_distinct_negatives_by_seed_step_and_row():
+    drawn = _draw(ROWS, 7, 3, [10, 11, 12], group_size=5)
+    assert list(drawn["text1"]) == ["q0", "q1", "q2"]
+    assert [len(n) for n in drawn["text_neg"]] == [4, 4, 4]
+    assert len(set(drawn["text_neg"][0])) == 4 and set(drawn["text_neg"][0]) <= set(ROWS["negatives"][0])
+    assert len(set(drawn["text_neg"][2])) == 4  # as many as it has: every one, once
+    assert sorted(drawn["text_neg"][1]) == ["n1-0", "n1-0", "n1-1", "n1-1"]  # fewer than needed: each once, then again
+    assert drawn["text2"][1] in ROWS["positives"][1]
+    # a row's draw is its own: the same from any batch it is taken with (1 or N workers), in any position
+    alone = _draw({k: v[2:] for k, v in ROWS.items()}, 7, 3, [12], group_size=5)
+    assert alone["text_neg"][0] == drawn["text_neg"][2] and alone["text2"][0] == drawn["text2"][2]
+    again = _draw(ROWS, 7, 3, [10, 11, 12], group_size=5)
+    assert [list(n) for n in again["text_neg"]] == [list(n) for n in drawn["text_neg"]]
+    # other steps (and seeds) draw other groups
+    steps = {tuple(_draw(ROWS, 7, s, [10, 11, 12], group_size=3)["text_neg"][0]) for s in range(8)}
+    positives = {_draw(ROWS, 7, s, [10, 11, 12], group_size=3)["text2"][1] for s in range(12)}
+    assert len(steps) > 4 and positives == {"a1", "b1", "c1"}
+    assert _draw(ROWS, 8, 3, [10, 11, 12], group_size=5)["text_neg"][0] != drawn["text_neg"][0]
+    assert "text_neg" not in _draw(ROWS, 7, 3, [10, 11, 12], group_size=1)  # in-batch negatives only
+
+
+def test_group_config_is_checked_before_anything_runs(tmp_path):
+    from pydantic import ValidationError
+
+    from jobconfig.schema import DataConfig, TrainJobConfig
+    from training.run import choose_kind
+
+    with pytest.raises(ValidationError, match="data.group_size is for query groups"):
+        DataConfig(group_size=4)
+    assert DataConfig(format="groups_jsonl").texts_per_group == 8
+    cfg = TrainJobConfig(data={"train": "g.jsonl", "format": "groups_jsonl", "group_size": 4},
+                         objective={"weights": {"infonce": 1.0}})
+    kind, needed = choose_kind(cfg)
+    assert kind.name == "groups" and "emb_neg" in needed and kind.sides["text1"] == "query"
+    with pytest.raises(ValueError, match="do not fit this data"):  # groups carry no S
+        choose_kind(TrainJobConfig(data={"train": "g.jsonl", "format": "groups_jsonl"},
+                                   objective={"weights": {"rank_margin": 1.0}}))
+
+
+def test_groups_read_from_json_lines_and_parquet(ray_local, tmp_path):
+    """Both formats through the validating reader: a bad group is named by file and line, then quarantined."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from data_pipelines.readers import load_corpus
+
+    groups = [{"query": f"q{i}", "positives": [f"p{i}"], "negatives": [f"n{i}-{j}" for j in range(i % 3)]}
+              for i in range(6)]
+    lines = tmp_path / "groups.jsonl"
+    lines.write_text("".join(json.dumps(g) + "\n" for g in groups) + json.dumps({"query": "bad", "positives": []}) + "\n")
+    parquet = tmp_path / "groups.parquet"
+    pq.write_table(pa.Table.from_pylist(groups), parquet)
+    with pytest.raises(ValueError, match=r"groups.jsonl:7: field 'positives' is empty"):
+        load_corpus("groups", str(lines), fmt="groups_jsonl", cache_dir=None)
+    ds, report = load_corpus("groups", str(lines), fmt="groups_jsonl", on_bad_record="quarantine",
+                             quarantine_path=tmp_path / "bad.jsonl", cache_dir=None)
+    assert report.rows_written == 6 and report.rows_quarantined == 1
+    from_parquet, _ = load_corpus("groups", str(parquet), cache_dir=None)  # auto: .parquet of the groups kind
+    for read in (ds, from_parquet):
+        rows = sorted(read.take_all(), key=lambda r: r["query"])
+        assert [list(r["negatives"]) for r in rows] == [g["negatives"] for g in groups]
