@@ -40,6 +40,7 @@ class EncoderSettings:
     padding_side: str | None = None
     trust_remote_code: bool = False
     relations: tuple[str, ...] = ()  # names of the relation table's rows (encoders.relation_table), RSE only
+    matryoshka_dims: tuple[int, ...] = ()  # the leading sizes it was trained to embed at (objective.matryoshka)
 
     def template(self, side: str | None) -> str | None:
         """The prompt template of a text on ``side`` (a name of model.prompts, or None): its own prefix, else
@@ -357,6 +358,7 @@ def load_encoder(path: str | Path, device: str = "cpu"):
     prompt, prompts = (meta.get("prompt"), meta.get("prompts", {})) if meta else shipped_prompts(model)
     model.encoder_settings = EncoderSettings(prompt=prompt, prompts=prompts,
                                              quantization=meta.get("quantization", "none"),
+                                             matryoshka_dims=tuple(meta.get("matryoshka_dims", ())),
                                              padding_side=model.tokenizer.padding_side,
                                              trust_remote_code=bool(meta.get("trust_remote_code")))
     return model
@@ -369,6 +371,11 @@ def shipped_prompts(model) -> tuple[str | None, dict[str, str]]:
     prompts = dict(model.prompts or {})
     default = prompts.get(model.default_prompt_name) if model.default_prompt_name else None
     return (default + "{text}" if default else None), prompts
+
+
+def with_matryoshka(model, dims: list[int]) -> None:
+    """Record the embedding sizes a Matryoshka objective trained (the export's raoe_encoder.json and model card)."""
+    model.encoder_settings = replace(model.encoder_settings, matryoshka_dims=tuple(dims))
 
 
 def with_relations(model, names: list[str]) -> None:

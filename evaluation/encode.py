@@ -75,9 +75,11 @@ def ray_encoder(model_path: str, batch_size: int, *, pool: EncoderPool = ONE_ACT
 
 
 def score_with_ray(model_path: str, eval_cfg, *, pool: EncoderPool = ONE_ACTOR, predictions: dict | None = None,
-                   score=None, cache: dict | None = None) -> dict:
+                   score=None, cache: dict | None = None, dim: int | None = None) -> dict:
     """The STS suite of ``eval_cfg`` (an EvalConfig) for one model, encoded by a Ray Data actor pool; ``score``
-    replaces the cosine (an RSE model's relation score); ``cache`` shares embeddings between calls."""
-    encode = ray_encoder(model_path, eval_cfg.batch_size, pool=pool, cache=cache)
+    replaces the cosine (an RSE model's relation score); ``cache`` shares embeddings between calls (every ``dim``
+    cuts the same ones); ``dim``: the model's leading dimensions only (Matryoshka)."""
+    whole = ray_encoder(model_path, eval_cfg.batch_size, pool=pool, cache=cache)
+    encode = whole if dim is None else (lambda sentences: normalised(whole(sentences), dim))
     return evaluate_sts(encode, eval_cfg.data_dir, eval_cfg.tasks, max_pairs=eval_cfg.max_pairs,
                         stsb_split=eval_cfg.stsb_split, predictions=predictions, score=score)

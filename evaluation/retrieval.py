@@ -221,6 +221,19 @@ def score_rankings(task: RetrievalTask, ranked: dict[str, list[str]]) -> tuple[d
     return task_metrics(per_query), per_query
 
 
+def dims_table(sts: dict[str, float | None], retrieval: dict[str, dict[str, float]], by_dim: dict) -> str:
+    """The STS average and each retrieval task's nDCG@10 (x100) at the whole size and at each cut size."""
+    def row(label, metrics, tasks):
+        scored = [v for k, v in metrics.items() if k != "avg" and v is not None]
+        avg = f"{sum(scored) / len(scored):>12.2f}" if scored else f"{'-':>12}"
+        return f"{label:<10}{avg}" + "".join(f"{100 * tasks[t]['ndcg@10']:>14.2f}" for t in retrieval)
+
+    lines = [f"{'dims':<10}{'STS avg':>12}" + "".join(f"{t[:12] + ' nDCG':>14}" for t in retrieval),
+             row("all", sts, retrieval)]
+    lines += [row(str(d), v["metrics"], v["retrieval"]) for d, v in sorted(by_dim.items(), reverse=True)]
+    return "\n".join(lines)
+
+
 def retrieval_table(results: dict[str, dict[str, float]]) -> str:
     """The retrieval results as a printed table (metrics x 100)."""
     lines = [f"{'retrieval task':<24}" + "".join(f"{m:>12}" for m in METRICS)]

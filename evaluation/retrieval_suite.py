@@ -68,17 +68,22 @@ def corpus_key(source: str) -> str:
     return source if source.startswith(HUB_PREFIX) else file_fingerprint(storage_path(source) / "corpus.jsonl")
 
 
-def search_index(index: CorpusIndex, query_embeddings: np.ndarray, k: int = DEPTH) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k corpus rows of each (unit-length) query embedding, shard by shard."""
+def search_index(index: CorpusIndex, query_embeddings: np.ndarray, k: int = DEPTH,
+                 dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k corpus rows of each (unit-length) query embedding, shard by shard; at the leading ``dim``
+    dimensions of both, renormalised, when given (the index holds the whole embeddings)."""
+    from evaluation.search import normalised
+
     best = RunningTopK(len(query_embeddings), min(k, max(1, index.rows)))
+    queries = query_embeddings if dim is None else normalised(query_embeddings, dim)
     for offset, shard in index.shards():
-        best.add(query_embeddings, shard, offset)
+        best.add(queries, shard if dim is None else normalised(shard, dim), offset)
     return best.result()
 
 
 def evaluate_task(model_path: str, task: RetrievalTask, *, pool: EncoderPool, batch_size: int,
-                  per_query: dict | None = None) -> dict[str, float]:
-    """BEIR's five metrics of one task for one model."""
+                  per_query: dict | None = None, dim: int | None = None) -> dict[str, float]:
+    """BEIR's five metrics of one task for one model (at its leading ``dim`` dimensions when given)."""
     from evaluation.encode import ray_encode
     from evaluation.search import normalised
 
@@ -86,7 +91,7 @@ def evaluate_task(model_path: str, task: RetrievalTask, *, pool: EncoderPool, ba
     index = corpus_index(corpus_dataset(task.source), model_path, corpus_key(task.source), pool=pool,
                          batch_size=batch_size)
     queries = normalised(ray_encode(model_path, task.query_texts, batch_size=batch_size, pool=pool, side="query"))
-    _, rows = search_index(index, queries)
+    _, rows = search_index(index, queries, dim=dim)
     ranked = rankings(task.query_ids, rows, lambda found: index.take("id", found))
     means, queries_scored = score_rankings(task, ranked)
     if per_query is not None:
@@ -95,10 +100,12 @@ def evaluate_task(model_path: str, task: RetrievalTask, *, pool: EncoderPool, ba
 
 
 def evaluate_retrieval(model_path: str, tasks, *, pool: EncoderPool, batch_size: int = 64,
-                       per_query: dict | None = None) -> dict[str, dict[str, float]]:
-    """{task name: {metric: value}} for the configured tasks (each with source, split, name, max_queries)."""
+                       per_query: dict | None = None, dim: int | None = None) -> dict[str, dict[str, float]]:
+    """{task name: {metric: value}} for the configured tasks (each with source, split, name, max_queries), at the
+    model's leading ``dim`` dimensions when given (its corpus index is the same one)."""
     results = {}
     for spec in tasks:
         task = read_task(spec.source, spec.split, spec.name, spec.max_queries)
-        results[task.name] = evaluate_task(model_path, task, pool=pool, batch_size=batch_size, per_query=per_query)
+        results[task.name] = evaluate_task(model_path, task, pool=pool, batch_size=batch_size, per_query=per_query,
+                                           dim=dim)
     return results

@@ -16,9 +16,15 @@ import torch
 QUERY_BLOCK = 1024
 
 
-def normalised(embeddings: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit length (float32), so a dot product is the cosine."""
+def normalised(embeddings: np.ndarray, dim: int | None = None) -> np.ndarray:
+    """Rows scaled to unit length (float32), so a dot product is the cosine; cut first to their leading ``dim``
+    dimensions when given (a Matryoshka model's smaller embedding: cutting a unit row and renormalising equals
+    normalising the cut)."""
     emb = np.asarray(embeddings, dtype=np.float32)
+    if dim is not None:
+        if dim > emb.shape[1]:
+            raise ValueError(f"eval.dims: {dim} exceeds the model's {emb.shape[1]} embedding dimensions")
+        emb = emb[:, :dim]
     return emb / np.linalg.norm(emb, axis=1, keepdims=True).clip(min=1e-12)
 
 

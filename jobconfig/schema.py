@@ -228,11 +228,41 @@ def _params_model(name: str) -> type[BaseModel]:
 _PARAM_MODELS = {name: _params_model(name) for name in DEFAULTS}
 
 
+class MatryoshkaConfig(Section):
+    """Matryoshka representation learning (Kusupati et al. 2022): the composite objective at each leading slice of
+    the embedding, so the first ``d`` dimensions alone embed well."""
+
+    dims: list[int] = Field(min_length=1, description="embedding sizes trained, e.g. [768, 512, 256, 128, 64]: "
+                            "the composite at the first d dimensions of every embedding, renormalised, for each d")
+    weights: list[float] | None = Field(None, description="the loss weight of each of dims (null: 1 each)")
+
+    @field_validator("dims")
+    @classmethod
+    def _distinct(cls, dims: list[int]) -> list[int]:
+        if min(dims) < 1 or len(set(dims)) != len(dims):
+            raise ValueError(f"dims must be distinct sizes >= 1, got {dims}")
+        return dims
+
+    @model_validator(mode="after")
+    def _one_weight_per_dim(self) -> "MatryoshkaConfig":
+        if self.weights is not None and (len(self.weights) != len(self.dims) or min(self.weights) < 0
+                                         or not any(self.weights)):
+            raise ValueError(f"weights must be one number >= 0 per dim ({len(self.dims)}), not all 0; "
+                             f"got {self.weights}")
+        return self
+
+    def pairs(self) -> tuple[tuple[int, float], ...]:
+        """(dim, weight) largest first, as CompositeObjective takes them."""
+        return tuple(sorted(zip(self.dims, self.weights or [1.0] * len(self.dims)), reverse=True))
+
+
 class _ObjectiveBase(Section):
     weights: dict[str, float] = Field(
         default_factory=lambda: dict(PRESETS["raoe"]),
         description=f"objective name -> weight; names: {', '.join(DEFAULTS)}",
     )
+    matryoshka: MatryoshkaConfig | None = Field(None, description="train truncated embeddings too: {dims: [...], "
+                                                "weights: [...]} (null: the full embedding only)")
 
     @field_validator("weights")
     @classmethod
@@ -289,6 +319,16 @@ class EvalConfig(Section):
     retrieval: list[RetrievalTaskConfig] = Field(default_factory=list, description="retrieval tasks scored next to "
                                                  "STS (nDCG@10, MRR@10, Recall@10/100, MAP@100): BEIR folders or "
                                                  "hf:<dataset>, or {source, split, name, max_queries}")
+    dims: list[int] = Field(default_factory=list, description="also score the suite at these leading embedding "
+                            "sizes, cut and renormalised (a Matryoshka model: objective.matryoshka), each from the "
+                            "same encoding and corpus index")
+
+    @field_validator("dims")
+    @classmethod
+    def _sizes(cls, dims: list[int]) -> list[int]:
+        if any(d < 1 for d in dims) or len(set(dims)) != len(dims):
+            raise ValueError(f"eval.dims must be distinct sizes >= 1, got {dims}")
+        return dims
 
     @field_validator("retrieval")
     @classmethod

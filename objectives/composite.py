@@ -208,16 +208,45 @@ def anchor_rows(batch: int, rank: int, world: int) -> slice:
     return slice(batch * rank // world, batch * (rank + 1) // world)
 
 
+# The embeddings Matryoshka truncates (every [..., d] field of a batch); RSE's relation vectors are cut with them
+EMBEDDING_FIELDS = ("emb1", "emb2", "emb_neg", "list_emb")
+
+
+def truncated(batch: EmbeddingBatch, dim: int) -> EmbeddingBatch:
+    """The batch at the first ``dim`` dimensions of every embedding, renormalised (Matryoshka); the relation table
+    cut to the same dimensions (a translation, not renormalised)."""
+    cut = {}
+    for name in EMBEDDING_FIELDS:
+        tensor = getattr(batch, name)
+        if tensor is not None:
+            if dim > tensor.shape[-1]:
+                raise ValueError(f"objective.matryoshka.dims: {dim} exceeds the model's {tensor.shape[-1]} "
+                                 f"embedding dimensions")
+            cut[name] = F.normalize(tensor[..., :dim], dim=-1)
+    if batch.relation_table is not None:
+        cut["relation_table"] = batch.relation_table[..., :dim]
+    return replace(batch, **cut)
+
+
 class CompositeObjective:
     """sum_k w_k L_k(batch); components with weight 0 are skipped. Returns (this worker's share of the total, for
-    backward; {name: value} of the whole batch). On one process the share is the total (``total`` of the parts)."""
+    backward; {name: value} of the whole batch). On one process the share is the total (``total`` of the parts).
 
-    def __init__(self, weights: dict[str, float], params: dict[str, dict[str, Any]] | None = None):
+    With ``matryoshka`` ((dim, weight), ...) the composite is taken at each truncated, renormalised dimension and
+    summed with those weights; its parts are named ``<objective>_dim<d>``. It reads the gathered embeddings only, so
+    cached embeddings, tiled shares and ZeRO need nothing of their own."""
+
+    def __init__(self, weights: dict[str, float], params: dict[str, dict[str, Any]] | None = None,
+                 matryoshka: tuple[tuple[int, float], ...] = ()):
         params = params or {}
         self.weights = {n: float(w) for n, w in weights.items() if float(w) != 0.0}
         if not self.weights:
             raise ValueError("the composite objective needs at least one component with a non-zero weight")
         self.params = {n: objective_params(n, params.get(n)) for n in self.weights}
+        self.dims = tuple((int(d), float(w)) for d, w in matryoshka if float(w) != 0.0)
+        # part name -> (objective, dimension or None for the whole embedding, weight in the total)
+        self.part_of = {n: (n, None, w) for n, w in self.weights.items()} if not self.dims else {
+            f"{n}_dim{d}": (n, d, w * dw) for d, dw in self.dims for n, w in self.weights.items()}
 
     def __call__(self, batch: EmbeddingBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         check_inputs(batch)
@@ -226,15 +255,19 @@ class CompositeObjective:
             batch = replace(batch, relation_table=sum_over_workers(batch.relation_table))
         anchors = next((len(t) for t in (batch.emb1, batch.list_emb) if t is not None), 0)
         rows = anchor_rows(anchors, rank, world)
-        shares = {n: SPECS[n].share(batch, self.params[n], rows) if SPECS[n].share is not None
-                  else SPECS[n].compute(batch, self.params[n]) / world for n in self.weights}
-        share = sum(self.weights[n] * shares[n] for n in shares)
+        at = {d: batch if d is None else truncated(batch, d) for _, d, _ in self.part_of.values()}
+        shares = {}
+        for part, (n, d, _) in self.part_of.items():
+            spec = SPECS[n]
+            shares[part] = spec.share(at[d], self.params[n], rows) if spec.share is not None \
+                else spec.compute(at[d], self.params[n]) / world
+        share = sum(self.part_of[p][2] * shares[p] for p in shares)
         parts = dict(zip(shares, summed(torch.stack([v.detach() for v in shares.values()]))))  # one all-reduce
         return share, parts
 
     def total(self, parts: dict[str, torch.Tensor]) -> float:
         """The weighted loss of the whole batch from its parts."""
-        return float(sum(self.weights[n] * float(parts[n]) for n in parts))
+        return float(sum(self.part_of[p][2] * float(parts[p]) for p in parts))
 
     def parts(self, batch: EmbeddingBatch) -> dict[str, torch.Tensor]:
         """Each component's unweighted value (no input checks: the driver probes which fields they read)."""

@@ -10,6 +10,12 @@ under RAOE_CACHE/corpus-embeddings), so evaluating and then promoting the same v
 
   python ray_jobs/evaluate.py --config configs/evaluate/retrieval.yaml --set model.source=models:/raoe-s1/3
 
+A Matryoshka model (objective.matryoshka) is scored at each of eval.dims too: the same embeddings and corpus index,
+cut to their leading d dimensions and renormalised, reported under "dims" and as MLflow metrics dim_<d>/...
+
+  python ray_jobs/evaluate.py --config configs/evaluate/retrieval.yaml --set model.source=models:/raoe-s1/3 \
+      --set "eval.dims=[256, 128, 64]"
+
 An RSE model (ray_jobs/relational.py; its folder holds relations.json) is scored with its relations: each STS pair
 by sum_k w_k cos(h_a + r_k, h_b), w = eval.relation_weights normalised to sum 1 (null: equal weights), the max over
 both directions; the plain cosine of its embeddings is reported next to it. With eval.triples (JSON lines of
@@ -78,7 +84,7 @@ def main(cfg: EvaluateJobConfig) -> dict:
     from encoders.devices import gpus_wanted_here
     from encoders.model_uris import is_model_uri, resolve_model
     from evaluation.encode import score_with_ray
-    from evaluation.retrieval import plot_per_query, retrieval_table
+    from evaluation.retrieval import dims_table, plot_per_query, retrieval_table
     from evaluation.retrieval_suite import evaluate_retrieval, retrieval_outputs
     from evaluation.sts import plot_cosine_vs_gold
     from runtime.local_ray import ray_session
@@ -94,6 +100,10 @@ def main(cfg: EvaluateJobConfig) -> dict:
     relational: dict = {}
     per_query: dict = {}
     scorer, cache = _relation_scorer(model_path, cfg.eval), {}  # one encoding of each sentence for every score
+    if scorer is not None and cfg.eval.dims:
+        raise ValueError("eval.dims: an RSE model is scored with its relation vectors, which are not cut to a size; "
+                         "leave eval.dims empty for it")
+    by_dim: dict = {}
     gpus_wanted_here({"gpus_per_actor": cfg.gpus_per_actor})
     with staged_folder(cfg.output_dir) as out:  # plots drawn on local disk, kept in output_dir, logged from there
         with ray_session(outputs=retrieval_outputs(cfg.eval), shared_filesystem=cfg.shared_filesystem):
@@ -101,6 +111,11 @@ def main(cfg: EvaluateJobConfig) -> dict:
                                      predictions=predictions, score=scorer, cache=cache)
             retrieval = evaluate_retrieval(model_path, cfg.eval.retrieval, pool=cfg.encoder_pool(),
                                            batch_size=cfg.eval.batch_size, per_query=per_query)
+            for dim in cfg.eval.dims:  # the same encodings (cache) and corpus indexes, cut to ``dim``
+                by_dim[dim] = {"metrics": score_with_ray(model_path, cfg.eval, pool=cfg.encoder_pool(), cache=cache,
+                                                         dim=dim),
+                               "retrieval": evaluate_retrieval(model_path, cfg.eval.retrieval, pool=cfg.encoder_pool(),
+                                                               batch_size=cfg.eval.batch_size, dim=dim)}
             if scorer is not None:
                 relational = _relational_report(model_path, cfg, out.local / f"{safe}-relations.png", cache)
         print(f"{'task':<18}Spearman x100")
@@ -112,10 +127,14 @@ def main(cfg: EvaluateJobConfig) -> dict:
                                        f"STS-B {cfg.eval.stsb_split}")
         if retrieval:
             print(retrieval_table(retrieval))
+        if by_dim:
+            print(dims_table(metrics, retrieval, by_dim))
         retrieval_plot = plot_per_query(per_query, out.local / f"{safe}-retrieval.png") if retrieval else None
         out.publish()
         run_id = _model_run(cfg.model.source) if is_model_uri(cfg.model.source) else None
         _remember_for_promotion(cfg, suite_scores(metrics, retrieval) if not relational else None)
+        for dim, scored in by_dim.items():
+            _remember_for_promotion(cfg, suite_scores(scored["metrics"], scored["retrieval"]), dim)
         prefix = f"sts_{cfg.eval.stsb_split}"
         with mlflow.start_run(run_id=run_id, experiment_id=None if run_id else experiment_id,
                               run_name=None if run_id else cfg.tracking.run_name) as run:
@@ -134,6 +153,12 @@ def main(cfg: EvaluateJobConfig) -> dict:
                                  "evaluation/retrieval.json")
                 mlflow.log_dict(per_query, "evaluation/retrieval_per_query.json")
                 mlflow.log_artifact(str(retrieval_plot), "evaluation")
+            for dim, scored in by_dim.items():
+                mlflow.log_metrics({f"dim_{dim}/{prefix}/{k}": v for k, v in scored["metrics"].items() if v is not None})
+                mlflow.log_metrics({metric_name(f"dim_{dim}/retrieval/{task}/{k}"): v
+                                    for task, values in scored["retrieval"].items() for k, v in values.items()})
+            if by_dim:
+                mlflow.log_dict({str(d): v for d, v in by_dim.items()}, "evaluation/dims.json")
             if relational:
                 mlflow.log_dict(relational, f"evaluation/{prefix}_relations.json")
                 mlflow.log_artifact(relational["relation_similarity_plot"], "evaluation")
@@ -142,14 +167,16 @@ def main(cfg: EvaluateJobConfig) -> dict:
     if relational:
         relational["relation_similarity_plot"] = out.final(relational["relation_similarity_plot"])
     return {"model": cfg.model.source, "model_path": model_path, "metrics": metrics,
-            "absent": [k for k, v in metrics.items() if v is None], "retrieval": retrieval, "run_id": run.info.run_id,
+            "absent": [k for k, v in metrics.items() if v is None], "retrieval": retrieval,
+            **({"dims": {str(d): v for d, v in by_dim.items()}} if by_dim else {}), "run_id": run.info.run_id,
             "logged_on_model_run": run_id is not None, "plot": out.final(plot) if plot else None,
             "retrieval_plot": out.final(retrieval_plot) if retrieval_plot else None,
             "tracking_uri": tracking_uri(), **relational}
 
 
-def _remember_for_promotion(cfg, metrics: dict | None) -> None:
-    """A registered version's plain suite results, remembered so that promotion on the same data reuses them."""
+def _remember_for_promotion(cfg, metrics: dict | None, dim: int | None = None) -> None:
+    """A registered version's plain suite results (at ``dim`` dimensions, when given), remembered so that promotion
+    on the same data and size reuses them."""
     from mlflow import MlflowClient
 
     from encoders.model_uris import resolve_alias
@@ -159,7 +186,7 @@ def _remember_for_promotion(cfg, metrics: dict | None) -> None:
     if metrics is None or not uri.startswith("models:/"):
         return
     name, version = uri.removeprefix("models:/").split("/", 1)
-    remember_scores(MlflowClient(), name, version, evaluation_key(cfg.eval), metrics)
+    remember_scores(MlflowClient(), name, version, evaluation_key(cfg.eval, dim), metrics)
 
 
 def _relation_scorer(model_path: str, eval_cfg):

@@ -26,6 +26,8 @@ class PromoteJobConfig(EncoderPoolSection):
     tolerance: float = Field(0.5, ge=0, description="largest allowed drop on a guarded task (Spearman or nDCG@10, "
                              "x100)")
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    dim: int | None = Field(None, ge=1, description="judge candidate and champion at their leading dim embedding "
+                            "dimensions, cut and renormalised (Matryoshka models served truncated); null = whole")
     shared_filesystem: SharedFilesystem = False
 
     @model_validator(mode="after")
@@ -46,8 +48,9 @@ def main(cfg: PromoteJobConfig) -> dict:
     from tracking.promotion import evaluation_key, promote, suite_scores
 
     def suite(path: str) -> dict:
-        retrieval = evaluate_retrieval(path, cfg.eval.retrieval, pool=cfg.encoder_pool(), batch_size=cfg.eval.batch_size)
-        return suite_scores(score_with_ray(path, cfg.eval, pool=cfg.encoder_pool()), retrieval)
+        retrieval = evaluate_retrieval(path, cfg.eval.retrieval, pool=cfg.encoder_pool(), batch_size=cfg.eval.batch_size,
+                                       dim=cfg.dim)
+        return suite_scores(score_with_ray(path, cfg.eval, pool=cfg.encoder_pool(), dim=cfg.dim), retrieval)
 
     tracking_uri()
     gpus_wanted_here({"gpus_per_actor": cfg.gpus_per_actor})
@@ -55,7 +58,8 @@ def main(cfg: PromoteJobConfig) -> dict:
         result = promote(
             cfg.registered_model, cfg.version,
             suite,
-            margin=cfg.margin, guard_tasks=cfg.guard_tasks, tolerance=cfg.tolerance, eval_key=evaluation_key(cfg.eval),
+            margin=cfg.margin, guard_tasks=cfg.guard_tasks, tolerance=cfg.tolerance,
+            eval_key=evaluation_key(cfg.eval, cfg.dim),
         )
     verdict = "PROMOTED to champion" if result["promote"] else "kept as challenger (champion unchanged)"
     if result["reused"]:

@@ -47,6 +47,9 @@ def model_card(cfg, result: dict[str, Any], described_objective: dict[str, dict]
         + (f", prompt `{cfg.model.prompt}`" if cfg.model.prompt else "")
         + (f", LoRA r={cfg.model.lora.r} on a {cfg.model.quantization} base" if cfg.model.lora else ""),
         *_prompt_lines(cfg.model),
+        *([f"- Matryoshka: trained at {', '.join(map(str, cfg.objective.matryoshka.dims))} dimensions (the first d "
+           f"of each embedding, renormalised: `SentenceTransformer(path, truncate_dim=d)`)"]
+          if getattr(cfg.objective, "matryoshka", None) else []),
         f"- Data: {', '.join(f'`{s}`' for s in sources)}; {result.get('rows_written')} of {result.get('rows_in')} "
         f"records valid ({result.get('rows_quarantined')} quarantined); {plan.get('rows')} {unit} trained on",
         f"- Steps: {metrics.get('steps')} of {plan.get('global_batch')} {unit} ({result.get('num_workers')} worker(s), "

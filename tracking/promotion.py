@@ -24,11 +24,13 @@ CHAMPION, CHALLENGER = "champion", "challenger"
 RESULTS_TAG, KEY_TAG = "sts_results", "sts_results.key"
 
 
-def evaluation_key(eval_cfg) -> str:
-    """What makes two suite results comparable: the data (resolved), tasks, STS-B split and pair cap, and the
-    retrieval tasks."""
+def evaluation_key(eval_cfg, dim: int | None = None) -> str:
+    """What makes two suite results comparable: the data (resolved), tasks, STS-B split and pair cap, the
+    retrieval tasks, and the embedding size scored (a Matryoshka model's leading ``dim``, or the whole)."""
     spec = {"data_dir": str(Path(eval_cfg.data_dir).resolve()), "tasks": list(eval_cfg.tasks),
             "stsb_split": eval_cfg.stsb_split, "max_pairs": eval_cfg.max_pairs}
+    if dim is not None:
+        spec["dim"] = dim
     retrieval = getattr(eval_cfg, "retrieval", None)
     if retrieval:
         spec["retrieval"] = [{"source": t.source if t.source.startswith("hf:") else str(Path(t.source).resolve()),

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from encoders.backbone import build_encoder, export_encoder, inference_embeddings
+from encoders.backbone import build_encoder, export_encoder, inference_embeddings, with_matryoshka
 from encoders.model_uris import resolve_model
 from encoders.relation_table import TABLE
 from evaluation.retrieval import dev_ndcg_at_10
@@ -102,7 +102,7 @@ def train_loop_per_worker(cfg: WorkerConfig) -> None:
     readiness = Readiness(rank, world, cfg.trainer.ready_timeout_s)
     rows = CorpusRows(cfg.corpus)  # before the first collective (DDP's broadcast in the strategy's set-up)
     model, strategy, progress = _setup_model_and_strategy(cfg, kind, device, rank, world, readiness)
-    objective = CompositeObjective(cfg.objective_weights, cfg.objective_params)
+    objective = CompositeObjective(cfg.objective_weights, cfg.objective_params, cfg.matryoshka)
     evaluator, metrics_log = Evaluator(cfg.dev), MetricsLog(cfg.tracking if rank == 0 else None)
     if rank == 0:
         _announce(cfg.plan, world, strategy.name, kind.unit, progress, cfg.trainer.cache_embeddings)
@@ -136,6 +136,8 @@ def _setup_model_and_strategy(cfg: WorkerConfig, kind, device, rank: int, world:
         model = build_encoder(model_path, **m.encoder_kwargs(), dropout=m.dropout, device=str(device),
                               quantization=m.quantization, lora=m.lora.model_dump() if m.lora else None,
                               gradient_checkpointing=m.gradient_checkpointing, trust_remote_code=m.trust_remote_code)
+        if cfg.matryoshka:  # recorded in the export: the sizes its embeddings may be cut to
+            with_matryoshka(model, [d for d, _ in cfg.matryoshka])
         additions = ModelAdditions()
         if kind.setup_model is not None:  # e.g. RSE's relation table: trainable state beside the encoder
             additions = kind.setup_model(model, cfg.extras, model_path, cfg.trainer.seed)

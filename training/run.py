@@ -307,6 +307,7 @@ def _worker_config(cfg: TrainJobConfig, pre: Preflight, plan, corpus: CorpusBloc
         tracking=RunTarget(tracking_uri(), run_id, cfg.tracking.retry_seconds),
         extras={k: v for k, v in extras.items() if k not in ("heldout", "counts")},  # driver-side only
         after_step=tuple(after_step), group_size=cfg.data.texts_per_group if pre.kind.name == "groups" else 1,
+        matryoshka=cfg.objective.matryoshka.pairs() if cfg.objective.matryoshka else (),
     )
 
 

@@ -50,3 +50,4 @@ class WorkerConfig:
     extras: dict[str, Any]  # what the kind's load() gave the workers (RSE: relations, relation lr, init std)
     after_step: tuple[Callable[..., None], ...]  # hooks called after each optimizer step: tests' fault injection
     group_size: int = 1  # query groups: texts per query and step (data.group_size)
+    matryoshka: tuple[tuple[int, float], ...] = ()  # objective.matryoshka: (dim, weight), largest first

@@ -140,7 +140,7 @@ def _random_beir(tmp_path, rng, num_docs=60, num_queries=12):
 SIDES = {"prompts": {"query": "query: ", "document": "passage: "}, "query_max_length": 8}
 
 
-def _st_reference(model, corpus, queries, qrels) -> dict[str, float]:
+def _st_reference(model, corpus, queries, qrels, truncate_dim: int | None = None) -> dict[str, float]:
     """sentence-transformers' InformationRetrievalEvaluator on the same model and task (documents as title + text),
     queries through encode_query and documents through encode_document."""
     from sentence_transformers import SentenceTransformer
@@ -153,7 +153,7 @@ def _st_reference(model, corpus, queries, qrels) -> dict[str, float]:
     st = InformationRetrievalEvaluator(queries, titled, relevant, mrr_at_k=[10], ndcg_at_k=[10],
                                        precision_recall_at_k=[10, 100], map_at_k=[100], accuracy_at_k=[1],
                                        name="t", write_csv=False)
-    return st(SentenceTransformer(str(model), device="cpu"))
+    return st(SentenceTransformer(str(model), device="cpu", truncate_dim=truncate_dim))
 
 
 def test_a_retrieval_dev_set_scores_as_the_evaluator_and_must_be_dev_sized(tmp_path):
@@ -201,6 +201,10 @@ def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch,
     assert (index_dirs[0] / "meta.json").stat().st_mtime_ns == meta_time  # read from the cache, not rebuilt
     assert (index_dirs[0] / "last_used").stat().st_mtime_ns > used  # ... and its use recorded (least recent goes)
     assert again["retrieval"] == ours and again["metrics"]["STSBenchmark"] is None  # no STS data: absent
+    # eval.dims: the same index searched at the leading 16 of 32 dimensions, as sentence-transformers' truncate_dim
+    cut = _st_reference(model, corpus, queries, qrels, truncate_dim=16)
+    assert again["dims"]["16"]["retrieval"]["beir-tiny"]["ndcg@10"] == pytest.approx(cut["t_cosine_ndcg@10"], abs=1e-4)
+    assert again["dims"]["16"]["retrieval"]["beir-tiny"]["ndcg@10"] != ours["beir-tiny"]["ndcg@10"]
 
     reference = _st_reference(model, corpus, queries, qrels)
     got = ours["beir-tiny"]
@@ -224,7 +228,8 @@ def _evaluate_job_on(task: str, model, tmp_path, monkeypatch, s3) -> dict:
     monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     cfg = load_config(job.EvaluateJobConfig, None, [
         f"model.source={model}", f"eval.retrieval=[{task}]", f"eval.data_dir={tmp_path / 'no-sts'}",
-        "eval.batch_size=8", f"output_dir={s3.uri('eval')}", "tracking.experiment=raoe-test", "cpus_per_actor=0.5"])
+        "eval.batch_size=8", f"output_dir={s3.uri('eval')}", "tracking.experiment=raoe-test", "cpus_per_actor=0.5",
+        "eval.dims=[16]"])
     result = job.main(cfg)
     assert result["retrieval_plot"].startswith(s3.uri("eval/")) and result["retrieval_plot"].endswith("-retrieval.png")
     assert storage_path(result["retrieval_plot"]).read_bytes().startswith(b"\x89PNG")
@@ -243,6 +248,7 @@ def test_config_names_tasks_and_promotion_scores_them_next_to_sts(tmp_path):
         EvalConfig(retrieval=[str(tmp_path / "snli-test"), str(tmp_path / "other" / "snli-test")])
     assert evaluation_key(cfg) != evaluation_key(EvalConfig())  # results on other retrieval tasks are not reused
     assert evaluation_key(EvalConfig(retrieval=[])) == evaluation_key(EvalConfig())
+    assert evaluation_key(cfg, 128) != evaluation_key(cfg)  # a Matryoshka size's results are remembered apart
     scores = suite_scores({"STSBenchmark": 80.0, "STS12": None, "avg": 80.0}, {"snli-test": {"ndcg@10": 0.5}})
     assert scores == {"STSBenchmark": 80.0, "STS12": None, "snli-test": 50.0, "avg": 65.0}
 

@@ -92,6 +92,33 @@ def test_one_encoding_pass_of_the_suite_sentences_serves_every_task(senteval, mo
     assert scores == evaluate_sts(encode, root, tasks, max_pairs=3, stsb_split="dev")
 
 
+def test_eval_dims_cut_the_same_encodings_to_their_leading_dimensions(senteval, monkeypatch):
+    """eval.dims: the suite at the leading d dimensions of the embeddings it encoded once (the cache), renormalised:
+    here a third dimension added to the fixture's 2-d embeddings is cut away again, giving the 2-d scores."""
+    from types import SimpleNamespace
+
+    from evaluation import encode as encode_module
+
+    root, encode = senteval
+    passes = []
+
+    def with_a_third_dimension(model_path, sentences, *, batch_size, pool):
+        passes.append(len(sentences))
+        extra = np.array([[(hash(s) % 7) / 3.0] for s in sentences])
+        return np.hstack([encode(sentences), extra])
+
+    monkeypatch.setattr(encode_module, "ray_encode", with_a_third_dimension)
+    cfg = SimpleNamespace(data_dir=root, tasks=["STS12", "STSBenchmark"], max_pairs=None, stsb_split="dev",
+                          batch_size=8)
+    cache, whole_cosines, cut_cosines, want_cosines = {}, {}, {}, {}
+    encode_module.score_with_ray("unused", cfg, cache=cache, predictions=whole_cosines)
+    cut = encode_module.score_with_ray("unused", cfg, cache=cache, dim=2, predictions=cut_cosines)
+    assert len(passes) == 1  # the cut reads the cache
+    assert cut == evaluate_sts(encode, root, cfg.tasks, stsb_split="dev", predictions=want_cosines)
+    np.testing.assert_allclose(cut_cosines["STSBenchmark"][0], want_cosines["STSBenchmark"][0], rtol=1e-5)
+    assert not np.allclose(whole_cosines["STSBenchmark"][0], want_cosines["STSBenchmark"][0], atol=1e-3)
+
+
 def test_student_scores_equal_a_direct_sentence_transformers_computation(dev_data):
     """The MiniLM student (a real model: 63 sentences/s here) on the first pairs of each task, both ways."""
     PAIRS = 100  # noqa: N806 - enough pairs for Spearman to see a wrong sentence or pair order; 300 took 40 s

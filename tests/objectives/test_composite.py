@@ -105,3 +105,40 @@ def test_declared_fields_are_what_each_objective_reads(name):
             continue
         assert ran, f"{name} fails on {provided} but its declaration accepts it"
         assert declared == read & set(provided), provided
+
+
+def test_matryoshka_sums_the_composite_at_each_truncated_renormalised_dimension():
+    """objective.matryoshka: each (dim, weight) adds the whole composite on the batch cut to its first dim
+    dimensions, renormalised; parts are named per dimension; the gradient reaches only the dimensions trained."""
+    from objectives.composite import truncated
+
+    g = torch.Generator().manual_seed(1)
+    e1, e2, neg = (torch.randn(10, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    b = EmbeddingBatch(emb1=e1, emb2=e2, emb_neg=neg, scores=torch.rand(10, generator=g, dtype=torch.float64),
+                       labels=torch.randint(0, 3, (10,), generator=g))
+    weights = {"infonce": 1.0, "rank_margin": 0.5}
+    plain = CompositeObjective(weights)
+    total, parts = CompositeObjective(weights, matryoshka=((8, 1.0), (4, 0.5), (2, 0.25)))(b)
+    want = sum(w * plain(truncated(b, d))[0] for d, w in ((8, 1.0), (4, 0.5), (2, 0.25)))
+    assert total.item() == pytest.approx(want.item(), rel=1e-12)
+    assert set(parts) == {f"{n}_dim{d}" for n in weights for d in (8, 4, 2)}
+    assert parts["infonce_dim4"].item() == pytest.approx(plain(truncated(b, 4))[1]["infonce"].item(), rel=1e-12)
+    cut = truncated(b, 4)
+    torch.testing.assert_close(cut.emb1.norm(dim=-1), torch.ones(10, dtype=torch.float64))
+    assert abs(total.item() - plain(b)[0].item()) > 1e-3  # the truncated terms change the loss
+    grad = torch.autograd.grad(CompositeObjective(weights, matryoshka=((4, 1.0), (2, 1.0)))(b)[0], e1)[0]
+    assert grad[:, 4:].abs().sum().item() == 0 and grad[:, :4].abs().sum().item() > 0
+    with pytest.raises(ValueError, match="matryoshka.dims: 16 exceeds the model's 8 embedding dimensions"):
+        CompositeObjective(weights, matryoshka=((16, 1.0),))(b)
+
+
+def test_matryoshka_config_is_checked():
+    from pydantic import ValidationError
+
+    from jobconfig.schema import MatryoshkaConfig
+
+    assert MatryoshkaConfig(dims=[64, 384, 128], weights=[0.5, 1, 2]).pairs() == ((384, 1.0), (128, 2.0), (64, 0.5))
+    with pytest.raises(ValidationError, match="distinct sizes"):
+        MatryoshkaConfig(dims=[64, 64])
+    with pytest.raises(ValidationError, match="one number >= 0 per dim"):
+        MatryoshkaConfig(dims=[64, 32], weights=[1.0])

@@ -75,6 +75,7 @@ class Scenario:
     seed: int = 7
     objective: str = ""  # one objective in place of the kind's OBJECTIVES
     sided: bool = False  # query and document prompts and a shorter query length (model.prompts): two encode calls
+    matryoshka: bool = False  # objective.matryoshka at 32 (the tiny model's width), 16 and 8 dimensions
     name: str = field(init=False, default="")
 
     def __post_init__(self):
@@ -82,7 +83,7 @@ class Scenario:
                                          f"chunk {self.chunk} accum {self.accum} {self.model}"
                                          f"{' cached' if self.cached else ''}{' bf16' if self.bf16 else ''} "
                                          f"seed {self.seed}{' ' + self.objective if self.objective else ''}"
-                                         f"{' sided' if self.sided else ''}")
+                                         f"{' sided' if self.sided else ''}{' matryoshka' if self.matryoshka else ''}")
 
 
 def _model(scenario: Scenario):
@@ -166,8 +167,9 @@ def one_step(scenario: Scenario, rank: int, world: int) -> tuple[float, float, n
     batches = BatchContext(module=strategy.module, model=model, device=torch.device("cpu"), autocast=strategy.autocast,
                            length_buckets=2, fields=fields, negative_dropout=0.2, sides=kind.sides,
                            group_size=GROUP_SIZE)
-    stepper = Stepper(plan, scenario.seed, kind, batches, strategy, CompositeObjective(weights), rank,
-                      cache_embeddings=scenario.cached)
+    matryoshka = ((32, 1.0), (16, 0.5), (8, 0.25)) if scenario.matryoshka else ()
+    stepper = Stepper(plan, scenario.seed, kind, batches, strategy, CompositeObjective(weights, matryoshka=matryoshka),
+                      rank, cache_embeddings=scenario.cached)
     taken = _gradient_taken(strategy, model)
     feed = stepper.feed(InMemoryRows(rows), prefetch=False)
     loss, _ = stepper(feed, 0)
@@ -227,7 +229,7 @@ ONE = [Scenario(k) for k in KINDS] + [
     Scenario("pairs", chunk=2, accum=2, cached=True),
     # the triplets' negatives gathered but not read by AnglE's in-batch negatives: a zero gradient, not a crash
     Scenario("triplets", objective="angle_ibn"), Scenario("triplets", objective="angle_ibn", cached=True),
-    Scenario("triplets", sided=True),
+    Scenario("triplets", sided=True), Scenario("groups", matryoshka=True),
 ]
 TWO = [Scenario(k) for k in KINDS] + [Scenario(k, cached=True) for k in KINDS] + [
     Scenario("triplets", objective="angle_ibn"), Scenario("triplets", objective="angle_ibn", cached=True),
@@ -242,6 +244,8 @@ TWO = [Scenario(k) for k in KINDS] + [Scenario(k, cached=True) for k in KINDS] +
     Scenario("sts", strategy="zero", zero=2, bf16=True, cached=True),
     Scenario("triplets", sided=True), Scenario("triplets", sided=True, cached=True),
     Scenario("groups", strategy="zero", zero=2, cached=True),
+    Scenario("groups", matryoshka=True), Scenario("groups", matryoshka=True, cached=True),
+    Scenario("triples", matryoshka=True), Scenario("triples", strategy="zero", zero=2, matryoshka=True, cached=True),
 ]
 
 
@@ -319,3 +323,16 @@ def test_query_and_document_sides_are_exact_and_encoded_as_sides(steps):
     _same(steps[2][Scenario("triplets", sided=True, cached=True).name], steps[2][sided.name], f"{sided.name} cached")
     plain = steps[1][Scenario("triplets").name]
     assert abs(steps[1][sided.name][0] - plain[0]) > 1e-3 * abs(plain[0])
+
+
+def test_matryoshka_is_exact_on_gathered_embeddings(steps):
+    """objective.matryoshka needs nothing of the step: 1 worker = 2 and cached = direct for query groups, and RSE's
+    relation table cut with the embeddings under ZeRO-2; and it changes what is trained."""
+    groups = Scenario("groups", matryoshka=True)
+    _same(steps[1][groups.name], steps[2][groups.name], f"{groups.name}: 1 worker = 2")
+    _same(steps[2][Scenario("groups", matryoshka=True, cached=True).name], steps[2][groups.name], "groups cached")
+    triples = Scenario("triples", matryoshka=True)
+    _same(steps[2][Scenario("triples", strategy="zero", zero=2, matryoshka=True, cached=True).name],
+          steps[2][triples.name], "triples zero-2 cached")
+    plain = steps[1][Scenario("groups").name]
+    assert abs(steps[1][groups.name][0] - plain[0]) > 1e-3 * abs(plain[0])
