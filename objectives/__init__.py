@@ -13,6 +13,7 @@ _HOMES = {
     "PRESETS": "catalog", "SPECS": "composite", "CompositeObjective": "composite", "EmbeddingBatch": "composite",
     "objective_params": "composite", "hince_loss": "contrastive", "infonce_loss": "contrastive",
     "gated_angle_loss": "gated_angle", "gather_no_grad": "gather", "gather_with_grad": "gather",
+    "distill_kl_loss": "distillation", "margin_mse_loss": "distillation",
     "listmle_loss": "listwise", "refine_targets": "listwise", "cosent_loss": "rank_margin",
     "rank_margin_loss": "rank_margin", "relation_scores": "relational", "relational_loss": "relational",
 }

@@ -37,6 +37,9 @@ CATALOG: dict[str, Declaration] = {
                            min_rows=1),
     "relational": Declaration({"tau": 0.05}, (*_PAIR, "relation", "relation_table"),
                               accepts=("emb_neg", *_IDS, "ids_neg")),
+    # distillation: each query against its own candidates, so one row trains
+    "distill_kl": Declaration({"tau": 0.05, "teacher_tau": 1.0}, (*_PAIR, "emb_neg", "teacher_scores"), min_rows=1),
+    "margin_mse": Declaration({"similarity": "dot"}, (*_PAIR, "emb_neg", "teacher_scores"), min_rows=1),
 }
 DEFAULTS: dict[str, dict[str, Any]] = {name: d.defaults for name, d in CATALOG.items()}
 

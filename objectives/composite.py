@@ -22,11 +22,23 @@ from objectives._common import pair_cosine
 from objectives.angle import angle_ibn_loss, angle_ibn_share, angle_loss
 from objectives.catalog import CATALOG, PRESETS, Declaration, fields_read  # noqa: F401  (PRESETS, fields_read re-exported)
 from objectives.contrastive import hince_loss, hince_share, infonce_loss
+from objectives.distillation import distill_kl_loss, margin_mse_loss
 from objectives.gated_angle import gated_angle_loss
 from objectives.gather import sum_over_workers, summed, world_position
 from objectives.listwise import listmle_loss, refine_targets
 from objectives.rank_margin import cosent_loss, rank_margin_loss
-from objectives.references import ANGLE, COSENT, RANKED_LISTS, RAOE, RSE, SAN, SIMCSE, Reference
+from objectives.references import (
+    ANGLE,
+    COSENT,
+    MARGIN_MSE,
+    RANKED_LISTS,
+    RAOE,
+    ROCKETQA_V2,
+    RSE,
+    SAN,
+    SIMCSE,
+    Reference,
+)
 from objectives.relational import relational_loss, relational_share
 
 ENTAILMENT, NEUTRAL, CONTRADICTION = 0, 1, 2
@@ -50,6 +62,7 @@ class EmbeddingBatch:
     list_emb: torch.Tensor | None = None  # [R, n, d] ranked lists, seed first (ListMLE)
     list_mask: torch.Tensor | None = None  # [R, n] real items of padded lists
     list_target: torch.Tensor | None = None  # [R, n, n] teacher similarity of each list's sentences (ListMLE)
+    teacher_scores: torch.Tensor | None = None  # [B, 1 + k] a teacher's scores of each query's positive and negatives
 
     def require(self, objective: str, *names: str) -> list[torch.Tensor]:
         missing = [n for n in names if getattr(self, n) is None]
@@ -173,6 +186,15 @@ SPECS: dict[str, ObjectiveSpec] = {
                 b.ids_neg, rows, **p
             ),
         ),
+        ObjectiveSpec(
+            "distill_kl", "KL of each query's candidate distribution to a teacher's (listwise distillation)",
+            (ROCKETQA_V2,),
+            lambda b, p: distill_kl_loss(*b.require("distill_kl", "emb1", "emb2", "emb_neg", "teacher_scores"), **p),
+        ),
+        ObjectiveSpec(
+            "margin_mse", "MarginMSE: the student's positive-negative margins against the teacher's", (MARGIN_MSE,),
+            lambda b, p: margin_mse_loss(*b.require("margin_mse", "emb1", "emb2", "emb_neg", "teacher_scores"), **p),
+        ),
     ]
 }
 
@@ -198,6 +220,9 @@ def check_inputs(batch: EmbeddingBatch) -> None:
         bad = int((~torch.isfinite(batch.scores)).sum())
         raise ValueError(f"{bad} of {batch.scores.numel()} similarity scores S in this batch are NaN or infinite; "
                          f"annotate the corpus (ray_jobs/annotate.py) or fix its 'similarity' column")
+    if batch.teacher_scores is not None and not bool(torch.isfinite(batch.teacher_scores).all()):
+        raise ValueError("teacher scores in this batch are missing or not finite: every query group needs "
+                         "positive_scores and negative_scores (ray_jobs/mine_negatives.py or ray_jobs/annotate.py)")
     if batch.labels is not None and not bool(((batch.labels >= 0) & (batch.labels <= CONTRADICTION)).all()):
         raise ValueError(f"NLI labels must be entailment/neutral/contradiction (0/1/2); this batch holds "
                          f"{sorted(set(batch.labels.tolist()))}")

@@ -53,5 +53,13 @@ SAN = Reference("san_hince", "SAN authors",
 RANKED_LISTS = Reference("ranking_sentences", "RankingSentenceGeneration authors",
                          "Ranked sentence generation controlled in the latent space, with ListMLE post-training",
                          url="https://github.com/hly1998/RankingSentenceGeneration")
+MARGIN_MSE = Reference("hofstaetter2020marginmse", "Hofst\u00e4tter, Sebastian and Althammer, Sophia and Schr\u00f6der, "
+                       "Michael and Sertkan, Mete and Hanbury, Allan", "Improving Efficient Neural Ranking Models with "
+                       "Cross-Architecture Knowledge Distillation", 2020, arxiv="2010.02666")
+ROCKETQA_V2 = Reference("ren2021rocketqav2", "Ren, Ruiyang and Qu, Yingqi and Liu, Jing and Zhao, Wayne Xin and She, "
+                        "Qiaoqiao and Wu, Hua and Wang, Haifeng and Wen, Ji-Rong", "RocketQAv2: A Joint Training "
+                        "Method for Dense Passage Retrieval and Passage Re-ranking", 2021,
+                        "Proceedings of the 2021 Conference on Empirical Methods in Natural Language Processing",
+                        arxiv="2110.07367")
 RSE = Reference("wang2022rse", "Wang, Bin and Li, Haizhou", "Relational Sentence Embedding for Flexible Semantic "
                 "Matching", 2022, arxiv="2212.08802")

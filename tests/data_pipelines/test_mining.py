@@ -115,10 +115,10 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_lo
     """Labelled NLI pairs: only entailment pairs are (query, positive); the default corpus is their positives; an
     absolute margin; the groups, written by the tasks to object storage (the local S3 endpoint), equal the
     brute-force reference, read back from there as query groups and train a Stage 1 job (groups of 3, query and
-    document prompts, Matryoshka at 32/16/8 dimensions) straight from that storage. The corpus index is kept on that
-    storage too (RAOE_INDEX_CACHE): the driver makes its node's copy (here, under this test's RAOE_NODE_CACHE), and
-    the mining actors open the index by its URI (the shared Ray's own node cache) and find the rows the reference
-    finds."""
+    document prompts, Matryoshka at 32/16/8 dimensions, distilled from the mining scores) straight from that
+    storage. The corpus index is kept on that storage too (RAOE_INDEX_CACHE): the driver makes its node's copy (here,
+    under this test's RAOE_NODE_CACHE), and the mining actors open the index by its URI (the shared Ray's own node
+    cache) and find the rows the reference finds."""
     from data_pipelines.readers import load_corpus
     from encoders.sources import resolve_model_source
     from storage.paths import storage_path
@@ -163,7 +163,8 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_lo
 
     trained = run_training(tiny_config(
         tmp_path, "mined-groups", f"data.train={result['output_path']}", "data.format=groups_jsonl",
-        "data.group_size=3", "objective.weights={infonce: 1.0}", "trainer.max_steps=2", "trainer.global_batch_size=8",
+        "data.group_size=3", "objective.weights={infonce: 1.0, distill_kl: 0.5}", "trainer.max_steps=2",
+        "trainer.global_batch_size=8",
         "model.prompts={query: 'query: ', document: 'passage: '}", "objective.matryoshka={dims: [32, 16, 8]}"))
     assert trained["rows_written"] == len(mined) and trained["metrics"]["steps"] == 2
     assert np.isfinite(trained["metrics"]["train_loss"]) and trained["metrics"]["train_loss"] > 0
@@ -173,7 +174,8 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_lo
     from mlflow import MlflowClient
 
     logged = MlflowClient().get_run(trained["run_id"]).data.metrics
-    assert {"loss/infonce_dim32", "loss/infonce_dim16", "loss/infonce_dim8"} <= set(logged)
+    assert {"loss/infonce_dim32", "loss/infonce_dim16", "loss/infonce_dim8", "loss/distill_kl_dim8"} <= set(logged)
+    assert logged["loss/distill_kl_dim32"] > 0  # distilled from the scores mining stored with each group
 
 
 def test_mined_triplets_without_a_negative_are_refused_by_name(ray_local):

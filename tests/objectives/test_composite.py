@@ -72,7 +72,7 @@ def _dummy_batch(g: torch.Generator) -> dict[str, torch.Tensor]:
             "neg_mask": torch.tensor([True, True, False, True]), "list_emb": torch.randn(2, 3, 8, generator=g),
             "list_mask": torch.ones(2, 3, dtype=torch.bool), "list_target": torch.rand(2, 3, 3, generator=g),
             "ids_neg": torch.arange(8, 12), "relation": torch.tensor([0, 1, 0, 1]),
-            "relation_table": torch.randn(2, 8, generator=g)}
+            "relation_table": torch.randn(2, 8, generator=g), "teacher_scores": torch.randn(4, 2, generator=g)}
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))

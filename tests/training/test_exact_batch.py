@@ -53,7 +53,11 @@ ROWS = {
     "groups": {"query": TEXTS, "positives": _cells([[OTHER[i]] + ([WORDS[(i + 4) % BATCH]] if i % 2 else [])
                                                     for i in range(BATCH)]),
                "negatives": _cells([[f"{WORDS[(i + j) % BATCH]} again" for j in range(1, 3 + i % 3)]
-                                    for i in range(BATCH)])},
+                                    for i in range(BATCH)]),
+               # a teacher's scores of each positive and negative, for distillation
+               "positive_scores": _cells([[0.9 - 0.05 * i] + ([0.7] if i % 2 else []) for i in range(BATCH)]),
+               "negative_scores": _cells([[0.5 - 0.1 * j + 0.01 * i for j in range(1, 3 + i % 3)]
+                                          for i in range(BATCH)])},
 }
 GROUP_SIZE = 4
 OBJECTIVES = {"pairs": {"rank_margin": 1.0, "gated_angle": 1.0, "angle_ibn": 1.0},
@@ -230,6 +234,7 @@ ONE = [Scenario(k) for k in KINDS] + [
     # the triplets' negatives gathered but not read by AnglE's in-batch negatives: a zero gradient, not a crash
     Scenario("triplets", objective="angle_ibn"), Scenario("triplets", objective="angle_ibn", cached=True),
     Scenario("triplets", sided=True), Scenario("groups", matryoshka=True),
+    Scenario("groups", objective="distill_kl"), Scenario("groups", objective="margin_mse"),
 ]
 TWO = [Scenario(k) for k in KINDS] + [Scenario(k, cached=True) for k in KINDS] + [
     Scenario("triplets", objective="angle_ibn"), Scenario("triplets", objective="angle_ibn", cached=True),
@@ -245,6 +250,8 @@ TWO = [Scenario(k) for k in KINDS] + [Scenario(k, cached=True) for k in KINDS] +
     Scenario("triplets", sided=True), Scenario("triplets", sided=True, cached=True),
     Scenario("groups", strategy="zero", zero=2, cached=True),
     Scenario("groups", matryoshka=True), Scenario("groups", matryoshka=True, cached=True),
+    Scenario("groups", objective="distill_kl"), Scenario("groups", objective="distill_kl", cached=True),
+    Scenario("groups", objective="margin_mse"), Scenario("groups", objective="margin_mse", cached=True),
     Scenario("triples", matryoshka=True), Scenario("triples", strategy="zero", zero=2, matryoshka=True, cached=True),
 ]
 
@@ -336,3 +343,13 @@ def test_matryoshka_is_exact_on_gathered_embeddings(steps):
           steps[2][triples.name], "triples zero-2 cached")
     plain = steps[1][Scenario("groups").name]
     assert abs(steps[1][groups.name][0] - plain[0]) > 1e-3 * abs(plain[0])
+
+
+@pytest.mark.parametrize("objective", ["distill_kl", "margin_mse"])
+def test_distillation_from_group_teacher_scores_is_exact(steps, objective):
+    """The teacher's scores travel with each drawn group (the positive's, then the drawn negatives', in the draw's
+    order): 1 worker = 2 and cached = direct."""
+    direct = Scenario("groups", objective=objective)
+    _same(steps[1][direct.name], steps[2][direct.name], f"{direct.name}: 1 worker = 2")
+    _same(steps[2][Scenario("groups", objective=objective, cached=True).name], steps[2][direct.name], "cached")
+    assert steps[1][direct.name][0] > 0

@@ -116,3 +116,26 @@ def test_groups_read_from_json_lines_and_parquet(ray_local, tmp_path):
     for read in (ds, from_parquet):
         rows = sorted(read.take_all(), key=lambda r: r["query"])
         assert [list(r["negatives"]) for r in rows] == [g["negatives"] for g in groups]
+
+
+def test_distillation_needs_every_group_scored(ray_local):
+    """A distillation objective reads the groups' teacher scores: groups without them are refused by count before
+    training; without such an objective the scores stay behind."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from training.kinds.corpus_rows import groups_with_negatives
+
+    rows = [{"query": "q1", "positives": ["p1"], "negatives": ["n1"], "positive_scores": [0.9],
+             "negative_scores": [0.2]},
+            {"query": "q2", "positives": ["p2"], "negatives": ["n2"], "positive_scores": None, "negative_scores": None}]
+    ds = ray.data.from_items(rows)
+
+    def cfg(weights):
+        return SimpleNamespace(objective=SimpleNamespace(weights=weights),
+                               data=SimpleNamespace(train="groups.jsonl", texts_per_group=2))
+
+    with pytest.raises(ValueError, match="1 query groups of groups.jsonl carry no teacher scores"):
+        groups_with_negatives(ds, cfg({"infonce": 1.0, "margin_mse": 1.0}), "")
+    assert groups_with_negatives(ds, cfg({"infonce": 1.0}), "").columns() == ["query", "positives", "negatives"]

@@ -83,8 +83,8 @@ class BatchContext:
         return out
 
     def gather_fields(self, rows: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """The listed ``fields``: scores (None -> NaN, which the objective refuses by name) and labels (None -> -1,
-        likewise), gathered."""
+        """The listed ``fields``: scores (None -> NaN, which the objective refuses by name), labels (None -> -1,
+        likewise) and query groups' teacher scores (positive first), gathered."""
         out = {}
         if "scores" in self.fields:
             column = rows[FIELD_COLUMNS["scores"]]
@@ -93,6 +93,11 @@ class BatchContext:
         if "labels" in self.fields:
             labels = np.array([-1 if v is None else v for v in rows[FIELD_COLUMNS["labels"]]], dtype=np.int64)
             out["labels"] = gather_no_grad(torch.from_numpy(labels).to(self.device))
+        if "teacher_scores" in self.fields:  # [rows, group_size]: a group without scores is NaN, refused by name
+            width = self.group_size
+            teacher = np.array([[np.nan] * width if v is None else v for v in rows[FIELD_COLUMNS["teacher_scores"]]],
+                               dtype=np.float32).reshape(-1, width)
+            out["teacher_scores"] = gather_no_grad(torch.from_numpy(teacher).to(self.device))
         return out
 
     def gather_ids(self, texts: list[str]) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from data_pipelines.readers import count_where
 from data_pipelines.relations import load_triples, prepare_triples_ds
 from data_pipelines.triplets import nli_triplets
+from objectives.catalog import CATALOG
 
 
 def nli_to_triplets(ds, cfg, start_model: str):
@@ -39,10 +40,25 @@ def _without_negatives(table):
     return pc.fill_null(pc.equal(pc.list_value_length(table["negatives"]), 0), True)
 
 
+def _without_teacher_scores(table):
+    import pyarrow.compute as pc
+
+    return pc.or_(pc.is_null(table["positive_scores"]), pc.is_null(table["negative_scores"]))
+
+
 def groups_with_negatives(ds, cfg, start_model: str):
     """Query groups: with data.group_size above 1 each query meets negatives every step, so a group without any
-    cannot train and is left out, counted and said."""
-    ds = ds.select_columns(["query", "positives", "negatives"])
+    cannot train and is left out, counted and said. Their teacher scores stay when a distillation objective reads
+    them, and every group must then carry them."""
+    distilled = any("teacher_scores" in CATALOG[n].requires for n, w in cfg.objective.weights.items() if w)
+    ds = ds.select_columns(["query", "positives", "negatives"]
+                           + (["positive_scores", "negative_scores"] if distilled else []))
+    if distilled:
+        unscored = count_where(ds, _without_teacher_scores)
+        if unscored:
+            raise ValueError(f"{unscored} query groups of {cfg.data.train} carry no teacher scores (positive_scores, "
+                             f"negative_scores), which the distillation objective reads: score them with "
+                             f"ray_jobs/annotate.py, or mine them with ray_jobs/mine_negatives.py (it writes them)")
     if cfg.data.texts_per_group == 1:
         return ds
     total, missing = ds.count(), count_where(ds, _without_negatives)

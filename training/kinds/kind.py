@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from training.kinds.base import BatchContext, Embeddings, EncodeCall, ModelAdditions
 
 # Where scores and labels come from in a corpus row.
-FIELD_COLUMNS = {"scores": "similarity", "labels": "label"}
+FIELD_COLUMNS = {"scores": "similarity", "labels": "label", "teacher_scores": "teacher_scores"}
 
 
 def on_first_call(module: str, name: str) -> Callable:

@@ -27,18 +27,27 @@ def draw_groups(ctx: BatchContext, rows: dict[str, np.ndarray], seed: int, step:
     draws the same; no negative twice in a group while the row has others (a row with fewer repeats them in a new
     order)."""
     wanted = ctx.group_size - 1
-    queries, positives, negatives = [], [], np.empty(len(index), dtype=object)
+    scored = "positive_scores" in rows  # kept for distillation (training.kinds.corpus_rows)
+    queries, positives = [], []
+    negatives, teacher = np.empty(len(index), dtype=object), np.empty(len(index), dtype=object)
     for i, (query, answers, row) in enumerate(zip(rows["query"], rows["positives"], index)):
         rng = np.random.default_rng([seed, step, int(row)])
         queries.append(str(query))
-        positives.append(str(answers[rng.integers(len(answers))]))
+        pick = int(rng.integers(len(answers)))
+        positives.append(str(answers[pick]))
+        order = []
         if wanted and "negatives" in rows:
             pool = rows["negatives"][i]
-            order = np.concatenate([rng.permutation(len(pool)) for _ in range(-(-wanted // len(pool)))])
-            negatives[i] = [str(pool[j]) for j in order[:wanted]]
+            order = np.concatenate([rng.permutation(len(pool)) for _ in range(-(-wanted // len(pool)))])[:wanted]
+            negatives[i] = [str(pool[j]) for j in order]
+        if scored:
+            pos, neg = rows["positive_scores"][i], rows["negative_scores"][i]
+            teacher[i] = None if pos is None or neg is None else [float(pos[pick]), *(float(neg[j]) for j in order)]
     drawn = {"text1": np.array(queries, dtype=object), "text2": np.array(positives, dtype=object)}
     if wanted and "negatives" in rows:
         drawn["text_neg"] = negatives
+    if scored:
+        drawn["teacher_scores"] = teacher
     return drawn
 
 
