@@ -8,11 +8,65 @@ from pathlib import Path
 import numpy as np
 
 from data_pipelines.records import LABEL_NAMES
+from evaluation.figures import pyplot, save_figure
 
 # Scores are cosines in [-1, 1]: counted in bins of 0.001 per column and label, quantiles are read from the counts
 # (within half a bin of numpy's), mean and std from exact sums.
 EDGES = np.linspace(-1.0, 1.0, 2001)
 PLOT_BINS = np.linspace(0, 1, 41)
+
+
+def group_score_summary(scored) -> dict:
+    """Query groups' teacher scores summarised from per-batch sums and a histogram over their observed range (two
+    light passes; no group reaches the driver): counts, mean, min and max of positive and negative scores."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def flat(table, name):
+        return pc.list_flatten(table[name]).to_numpy(zero_copy_only=False).astype(np.float64)
+
+    def sums(table):
+        parts = {"groups": [table.num_rows]}
+        for name in ("positive", "negative"):
+            values = flat(table, f"{name}_scores")
+            parts |= {f"{name}_n": [len(values)], f"{name}_sum": [float(values.sum())],
+                      f"{name}_min": [float(values.min()) if len(values) else np.inf],
+                      f"{name}_max": [float(values.max()) if len(values) else -np.inf]}
+        return pa.table(parts)
+
+    parts = scored.map_batches(sums, batch_format="pyarrow", batch_size=None).take_all()
+    low = min(min(p["positive_min"], p["negative_min"]) for p in parts) if parts else 0.0
+    high = max(max(p["positive_max"], p["negative_max"]) for p in parts) if parts else 1.0
+    edges = np.linspace(low, high if high > low else low + 1.0, 41)
+
+    def histogram(table):
+        return pa.table({name: [np.histogram(flat(table, f"{name}_scores"), edges)[0].tolist()]
+                         for name in ("positive", "negative")})
+
+    counts = scored.map_batches(histogram, batch_format="pyarrow", batch_size=None).take_all()
+    out = {"groups": int(sum(p["groups"] for p in parts)), "histogram": {"bins": edges.tolist()}}
+    for name in ("positive", "negative"):
+        n = int(sum(p[f"{name}_n"] for p in parts))
+        out[name] = {"count": n, "mean": sum(p[f"{name}_sum"] for p in parts) / max(n, 1),
+                     "min": min(p[f"{name}_min"] for p in parts), "max": max(p[f"{name}_max"] for p in parts)}
+        out["histogram"][name] = np.sum([c[name] for c in counts], axis=0).astype(int).tolist()
+    out["pairs"] = out["positive"]["count"] + out["negative"]["count"]
+    return out
+
+
+def plot_group_scores(summary: dict, path: str | Path, teachers: str) -> Path:
+    """The teachers' scores of positives against negatives: distillation learns the gap between them."""
+    plt = pyplot()
+    bins = np.asarray(summary["histogram"]["bins"])
+    centres, width = (bins[:-1] + bins[1:]) / 2, bins[1] - bins[0]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, colour in (("positive", "tab:green"), ("negative", "tab:red")):
+        ax.bar(centres, summary["histogram"][name], width=width, alpha=0.6, color=colour,
+               label=f"{name}s ({summary[name]['count']})")
+    ax.set_xlabel(f"teacher score ({teachers})")
+    ax.set_ylabel("pairs")
+    ax.legend()
+    return save_figure(fig, path)
 
 
 def score_counts(frame, teacher_names: list[str]) -> dict:

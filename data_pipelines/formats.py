@@ -368,6 +368,18 @@ FIELDS = {
 }
 
 
+def group_table(columns: dict[str, list]):
+    """Query groups as an Arrow table of fixed types (lists of texts and of scores), whatever a batch holds: a
+    batch whose lists are all empty would otherwise give list<null> columns that other batches' do not join."""
+    import pyarrow as pa
+
+    texts, scores = pa.list_(pa.large_string()), pa.list_(pa.float64())
+    types = {"query": pa.large_string(), "positives": texts, "negatives": texts, "positive_scores": scores,
+             "negative_scores": scores}
+    return pa.Table.from_pydict(columns, schema=pa.schema([(name, types.get(name, pa.large_string()))
+                                                            for name in columns]))
+
+
 def parse(kind: str, fmt: str, path: Path, split: str | None = None, span: Span | None = None) -> Iterator[Row]:
     """Every raw record of ``path`` (or of its ``span``, for a format in SPLITTABLE) as a row with all of the kind's
     fields (None on bad rows) plus ``source``, ``line``, ``error`` (None when good), ``raw`` (the text of a bad row)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from data_pipelines.corpus_cache import corpus_key
-from data_pipelines.formats import has_nli_labels
+from data_pipelines.formats import group_table, has_nli_labels
 from data_pipelines.readers import corpus_files, load_corpus
 from data_pipelines.records import LABELS
 from encoders.devices import EncoderPool, actor_device, pool_resources
@@ -189,7 +189,7 @@ class NegativeMiner:
         for key, value in (("query", ""), ("positives", []), ("negatives", []), ("positive_scores", []),
                            ("negative_scores", []), ("batch_stats", json.dumps(stats))):
             out[key].append(value)
-        return _typed(out)
+        return group_table(out)
 
 
 def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool, queries_per_batch: int = 256):
@@ -226,17 +226,6 @@ def mining_report(mined) -> dict:
             "histogram": {"bins": HISTOGRAM_BINS.tolist(),
                           "positive": np.sum([p["pos"] for p in parts], axis=0).astype(int).tolist(),
                           "negative": np.sum([p["neg"] for p in parts], axis=0).astype(int).tolist()}}
-
-
-def _typed(columns: dict[str, list]):
-    """The mined groups as an Arrow table of fixed types: a batch whose groups all lost their negatives would
-    otherwise give list<null> columns that other batches' list<string> do not concatenate with."""
-    import pyarrow as pa
-
-    texts, scores = pa.list_(pa.large_string()), pa.list_(pa.float64())
-    schema = pa.schema([("query", pa.large_string()), ("positives", texts), ("negatives", texts),
-                        ("positive_scores", scores), ("negative_scores", scores), ("batch_stats", pa.large_string())])
-    return pa.Table.from_pydict(columns, schema=schema)
 
 
 def _with_negatives(table):

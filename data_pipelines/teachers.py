@@ -1,6 +1,7 @@
-"""Teacher scoring for the enhanced NLI set (RAOE Appendix A): S_teacher = cosine of the two sentence
-embeddings. Each teacher is a Ray Data ``map_batches`` actor: one model load per actor, batched encoding,
-every distinct sentence of a batch encoded once, in length order."""
+"""Teacher scoring: for the enhanced NLI set (RAOE Appendix A), S_teacher = cosine of the two sentence embeddings;
+for query groups (distillation), each (query, positive) and (query, negative) pair's score by a bi-encoder's cosine
+or a cross-encoder's prediction. Each teacher is a Ray Data ``map_batches`` actor: one model load per actor, batched
+encoding, every distinct sentence (or pair) of a batch scored once, in length order."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ class TeacherConfig(BaseModel):
 
     name: str = Field(description="column suffix: the score is written as s_<name>")
     source: str = Field(description="HF id, path, pypi:<package> or tiny:bert")
-    kind: Literal["auto", "sentence_transformers", "onnx"] = "auto"
+    kind: Literal["auto", "sentence_transformers", "onnx", "cross_encoder"] = Field(
+        "auto", description="auto: an ONNX file, a sentence-transformers cross-encoder folder or a bi-encoder, by its "
+        "files; cross_encoder scores a pair by the model's prediction (a reranker), the others by the cosine of "
+        "the two embeddings")
     tokenizer: str | None = Field(None, description="tokenizer source for ONNX models")
     onnx_output: int = Field(3, ge=0, description="index of the pooled-embedding output of an ONNX model")
     max_length: int = Field(128, ge=8)
@@ -45,13 +49,16 @@ class TeacherEncoder:
     def __init__(self, cfg: TeacherConfig, device: str = "cpu"):
         self.cfg = cfg
         path = resolve_model_source(cfg.source)
-        kind = cfg.kind
-        if kind == "auto":
-            from pathlib import Path
-
-            kind = "onnx" if path.endswith(".onnx") or any(Path(path).glob("*.onnx")) else "sentence_transformers"
+        kind = cfg.kind if cfg.kind != "auto" else _kind_of(path)
         self.kind = kind
-        if kind == "onnx":
+        if kind == "cross_encoder":
+            import torch
+            from sentence_transformers import CrossEncoder
+
+            torch.set_num_threads(cfg.threads)
+            self.model = CrossEncoder(path, device=device, max_length=cfg.max_length,
+                                      trust_remote_code=cfg.trust_remote_code)
+        elif kind == "onnx":
             from pathlib import Path
 
             import onnxruntime as ort
@@ -76,6 +83,9 @@ class TeacherEncoder:
             self.model.max_seq_length = cfg.max_length
 
     def encode(self, sentences: list[str]) -> np.ndarray:
+        if self.kind == "cross_encoder":
+            raise ValueError(f"teacher {self.cfg.name!r} is a cross-encoder: it scores pairs (annotating NLI pairs or "
+                             f"query groups), not single texts")
         if self.kind != "onnx":
             return self.model.encode(sentences, batch_size=self.cfg.batch_size, convert_to_numpy=True)
         order = np.argsort([len(s) for s in sentences], kind="stable")
@@ -89,6 +99,17 @@ class TeacherEncoder:
             for row, i in enumerate(idx):
                 out[i] = pooled[row]
         return np.stack(out)
+
+    def pair_scores(self, text1: list[str], text2: list[str]) -> np.ndarray:
+        """Each pair's score: a cross-encoder's prediction (every distinct pair once), else the embeddings' cosine."""
+        if self.kind != "cross_encoder":
+            return self.pair_cosines(text1, text2)
+        unique = list(dict.fromkeys(zip(text1, text2)))
+        order = sorted(range(len(unique)), key=lambda i: len(unique[i][0]) + len(unique[i][1]))
+        predicted = self.model.predict([unique[i] for i in order], batch_size=self.cfg.batch_size,
+                                       convert_to_numpy=True, show_progress_bar=False)
+        score = {unique[i]: float(v) for i, v in zip(order, np.asarray(predicted, dtype=np.float64).reshape(-1))}
+        return np.array([score[pair] for pair in zip(text1, text2)], dtype=np.float64)
 
     def pair_cosines(self, text1: list[str], text2: list[str]) -> np.ndarray:
         unique = list(dict.fromkeys([*text1, *text2]))  # SNLI repeats each premise ~3 times
@@ -115,12 +136,63 @@ class TeacherScorer:
 
         text1, text2 = list(batch["text1"]), list(batch["text2"])
         for cfg, encoder in zip(self.cfgs, self.encoders):
-            batch[f"s_{cfg.name}"] = encoder.pair_cosines(text1, text2)
+            batch[f"s_{cfg.name}"] = encoder.pair_scores(text1, text2)
         self.scored += len(text1)
         rate = self.scored / max(time.perf_counter() - self.started, 1e-9)
         print(f"[raoe] teacher {self.label}: {self.scored} pairs scored by this actor ({rate:.1f} pairs/s)",
               flush=True)
         return batch
+
+
+class GroupScorer:
+    """``map_batches`` callable class holding the teachers: each query group's ``positive_scores`` and
+    ``negative_scores``, the mean over the teachers of each (query, text) pair's score."""
+
+    def __init__(self, cfgs: list[dict]):
+        self.cfgs = [TeacherConfig(**c) for c in cfgs]
+        device = actor_device(max(c.gpus_per_actor for c in self.cfgs))
+        self.encoders = [TeacherEncoder(c, device) for c in self.cfgs]
+
+    def __call__(self, table):
+        from data_pipelines.formats import group_table
+
+        rows = table.to_pydict()
+        sizes = [(len(p), len(n)) for p, n in zip(rows["positives"], rows["negatives"])]
+        text1 = [q for q, (p, n) in zip(rows["query"], sizes) for _ in range(p + n)]
+        text2 = [t for p, n in zip(rows["positives"], rows["negatives"]) for t in (*p, *n)]
+        scores = np.mean([e.pair_scores(text1, text2) for e in self.encoders], axis=0) if text1 else np.zeros(0)
+        positive, negative, at = [], [], 0
+        for p, n in sizes:
+            positive.append(scores[at: at + p].tolist())
+            negative.append(scores[at + p: at + p + n].tolist())
+            at += p + n
+        return group_table({"query": rows["query"], "positives": rows["positives"], "negatives": rows["negatives"],
+                            "positive_scores": positive, "negative_scores": negative})
+
+
+def add_group_scores(ds, teachers: list[TeacherConfig], batch_rows: int = 256):
+    """Query groups with their teacher scores (the mean over ``teachers``), on one actor pool of them all."""
+    import ray
+
+    return ds.map_batches(
+        GroupScorer, fn_constructor_kwargs={"cfgs": [t.model_dump() for t in teachers]}, batch_size=batch_rows,
+        compute=ray.data.ActorPoolStrategy(size=max(t.actors for t in teachers)),
+        **pool_resources(max(t.cpus_per_actor for t in teachers), max(t.gpus_per_actor for t in teachers)),
+        batch_format="pyarrow")
+
+
+def _kind_of(path: str) -> str:
+    """An ONNX export, a sentence-transformers cross-encoder (its config says so) or a bi-encoder."""
+    import json
+    from pathlib import Path
+
+    folder = Path(path)
+    if path.endswith(".onnx") or any(folder.glob("*.onnx")):
+        return "onnx"
+    config = folder / "config_sentence_transformers.json"
+    if config.exists() and json.loads(config.read_text()).get("model_type") == "CrossEncoder":
+        return "cross_encoder"
+    return "sentence_transformers"
 
 
 class TextEmbedder:

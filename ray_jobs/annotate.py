@@ -2,6 +2,12 @@
 set: text1, text2, label, similarity S = mean over teachers (RAOE Appendix A), plus s_<teacher> columns.
 
   python ray_jobs/annotate.py --config configs/annotate/snli-dev-test.yaml [--set key=value ...]
+
+Query groups (data.format groups_jsonl / groups_parquet) get teacher scores for distillation instead: each (query,
+positive) and (query, negative) pair scored by every teacher (a bi-encoder's cosine, or a reranker's prediction with
+teachers[].kind cross_encoder), the mean written as the group's positive_scores and negative_scores.
+
+  python ray_jobs/annotate.py --config configs/annotate/groups-mpnet.yaml
 """
 
 from typing import Literal
@@ -58,9 +64,11 @@ def main(cfg: AnnotateJobConfig) -> dict:
     from runtime.tracking_store import ensure_experiment
 
     if not cfg.data.train:
-        raise ValueError("data.train must name the NLI pairs to annotate")
+        raise ValueError("data.train must name the NLI pairs or query groups to annotate")
     out = cfg.output_dir  # a local folder (made absolute by the config) or an object-store URI
     experiment_id = ensure_experiment(cfg.tracking.experiment)
+    if cfg.data.groups:
+        return annotate_groups(cfg, experiment_id)
     started = time.time()
     gpus_wanted_here({f"teachers[{i}].gpus_per_actor": t.gpus_per_actor for i, t in enumerate(cfg.teachers)})
     with ray_session(outputs={"output_dir": cfg.output_dir}, shared_filesystem=cfg.shared_filesystem):
@@ -108,6 +116,48 @@ def main(cfg: AnnotateJobConfig) -> dict:
         "pairs_per_second": scored_pairs / seconds, "seconds": seconds, "statistics": stats, "plot": staged.final(plot),
         "run_id": run.info.run_id,
     }
+
+
+def annotate_groups(cfg: AnnotateJobConfig, experiment_id: str) -> dict:
+    """Query groups with the teachers' mean score of every (query, positive) and (query, negative) pair, written as
+    positive_scores / negative_scores for distillation (objectives distill_kl, margin_mse)."""
+    import time
+
+    import mlflow
+
+    from data_pipelines.annotate import group_score_summary, plot_group_scores
+    from data_pipelines.readers import load_corpus
+    from data_pipelines.teachers import add_group_scores
+    from encoders.devices import gpus_wanted_here
+    from runtime.local_ray import ray_session
+
+    out, started = cfg.output_dir, time.time()
+    gpus_wanted_here({f"teachers[{i}].gpus_per_actor": t.gpus_per_actor for i, t in enumerate(cfg.teachers)})
+    with ray_session(outputs={"output_dir": out}, shared_filesystem=cfg.shared_filesystem):
+        ds, report = load_corpus("groups", cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
+                                 max_rows=cfg.data.max_rows, shuffle_seed=cfg.data.shuffle_seed,
+                                 on_bad_record=cfg.data.on_bad_record, quarantine_path=join(out, "quarantine.jsonl"))
+        print(f"scoring {report.rows_written} query groups with {len(cfg.teachers)} teacher(s) ...", flush=True)
+        scored = add_group_scores(ds, cfg.teachers, cfg.batch_rows).materialize()
+        remove_tree(storage_path(join(out, "data")))  # written by the tasks holding the rows, on any node
+        (scored.write_parquet if cfg.output_format == "parquet" else scored.write_json)(join(out, "data"))
+        summary = group_score_summary(scored)
+    seconds = time.time() - started
+    with staged_folder(out) as staged:
+        plot = plot_group_scores(summary, staged.local / "group_scores.png",
+                                 " + ".join(t.name for t in cfg.teachers))
+        staged.publish()
+        with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
+            mlflow.log_params({"data.train": cfg.data.train, "teachers": ",".join(t.source for t in cfg.teachers)})
+            mlflow.log_metrics({"groups": summary["groups"], "pairs": summary["pairs"],
+                                "pairs_per_second": summary["pairs"] / seconds})
+            mlflow.log_dict(summary, "group_scores.json")
+            mlflow.log_artifact(str(plot))
+    return {"output_path": join(out, "data"), "output_format": cfg.output_format, "rows_in": report.rows_in,
+            "rows_written": report.rows_written, "rows_quarantined": report.rows_quarantined,
+            "quarantine_path": report.quarantine_path, "pairs_per_second": summary["pairs"] / seconds,
+            "seconds": seconds, "statistics": {k: v for k, v in summary.items() if k != "histogram"},
+            "plot": staged.final(plot), "run_id": run.info.run_id}
 
 
 if __name__ == "__main__":

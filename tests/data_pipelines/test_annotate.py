@@ -100,3 +100,47 @@ def test_statistics_from_counts_added_over_batches_equal_numpy_on_all_rows():
             assert stats[key] == pytest.approx(np.quantile(values, q), abs=2e-3), key
     assert set(got["per_label"]) == {"entailment", "neutral", "contradiction"}
     assert got["clipped_to_zero"] == int((frame[["s_a", "s_b"]].mean(axis=1) < 0).sum()) > 0
+
+
+def test_query_groups_are_scored_by_a_bi_encoder_and_a_cross_encoder(tmp_path, monkeypatch, capsys, ray_local):
+    """data.format groups_jsonl: every (query, positive) and (query, negative) pair gets the mean of a bi-encoder
+    teacher's cosine and a tiny random cross-encoder's prediction (teachers[].kind cross_encoder, also found by
+    kind auto), written as each group's positive_scores and negative_scores; a cross-encoder cannot embed."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    from encoders.sources import resolve_model_source
+
+    torch.manual_seed(0)
+    reranker = tmp_path / "reranker"
+    CrossEncoder(resolve_model_source("tiny:bert"), num_labels=1).save(str(reranker))
+    groups = [{"query": "a man is playing music", "positives": ["a person plays a guitar"],
+               "negatives": ["a dog sleeps", "the sky is blue"]},
+              {"query": "two children run in the park", "positives": ["kids are outside", "children play"],
+               "negatives": ["a woman rides a bike"]},
+              {"query": "the cat eats food", "positives": ["an animal is eating"], "negatives": []}]
+    data = tmp_path / "groups.jsonl"
+    data.write_text("".join(json.dumps(g) + "\n" for g in groups))
+    teachers = (f"teachers=[{{name: bi, source: 'tiny:bert'}}, {{name: rerank, source: '{reranker}', "
+                f"kind: cross_encoder}}]")
+    result = _run_in_this_process([f"data.train={data}", "data.format=groups_jsonl", "data.splits=[]",
+                                   "data.max_rows=null", f"output_dir={tmp_path / 'out'}", "output_format=jsonl",
+                                   teachers], tmp_path, monkeypatch, capsys)
+    assert (result["rows_written"], result["statistics"]["groups"], result["statistics"]["pairs"]) == (3, 3, 7)
+    assert Path(result["plot"]).read_bytes().startswith(b"\x89PNG")
+    written = {r["query"]: r for f in sorted(Path(result["output_path"]).glob("*.json*")) for r in map(json.loads,
+                                                                                                      open(f))}
+    bi = TeacherEncoder(TeacherConfig(name="bi", source="tiny:bert"))
+    cross = TeacherEncoder(TeacherConfig(name="rerank", source=str(reranker)))  # kind auto: its config says so
+    assert cross.kind == "cross_encoder"
+    for group in groups:
+        row = written[group["query"]]
+        for texts, scores in ((group["positives"], row["positive_scores"]), (group["negatives"], row["negative_scores"])):
+            if not texts:
+                assert scores == []
+                continue
+            queries = [group["query"]] * len(texts)
+            want = (bi.pair_cosines(queries, texts) + np.asarray(cross.model.predict(list(zip(queries, texts))))) / 2
+            np.testing.assert_allclose(scores, want, atol=1e-5)
+    with pytest.raises(ValueError, match="is a cross-encoder: it scores pairs"):
+        cross.encode(["a text"])
