@@ -1,14 +1,17 @@
 """The retrieval recipe end to end, through `ray job submit` on a local head as a user runs it:
 
-  evaluate the student  ->  mine hard negatives with it (configs/retrieval/mine-snli-minilm-cpu.yaml)
-  ->  supervised InfoNCE on the mined rows (configs/retrieval/stage1-infonce-mined-cpu.yaml)  ->  evaluate again
+  evaluate the student and the teacher  ->  mine query groups of 8 with the student
+  (configs/retrieval/mine-snli-minilm-cpu.yaml)  ->  score them with the teacher (configs/annotate/groups-mpnet.yaml)
+  ->  train groups of 8 with query/document prompts, InfoNCE + KL distillation, Matryoshka 384/256/128/64
+  (configs/retrieval/stage1-distill-mined-cpu.yaml)  ->  evaluate again, at each Matryoshka size
 
-Mining: SNLI dev's (premise, entailment hypothesis) pairs among every distinct SNLI dev hypothesis. Evaluation:
-the offline BEIR tasks of scripts/make_beir_sets.py (SNLI *test* premises retrieving their entailments among 9,639
-hypotheses, STS-B dev sentence 1 retrieving sentence 2 among 1,467) and STS-B dev Spearman. Nothing of SNLI test is
-trained on. Results: ``benchmarks/results/retrieval_recipe.{json,md}``.
+Mining: SNLI dev's (premise, entailment hypothesis) pairs among every distinct SNLI dev hypothesis. Evaluation: the
+offline BEIR tasks of scripts/make_beir_sets.py (SNLI *test* premises retrieving their entailments among 9,639
+hypotheses, STS-B dev sentence 1 retrieving sentence 2 among 1,467) and the 7 STS tasks. Nothing of SNLI test is
+trained on. Then the step time in process (MiniLM, this CPU): groups of 8 against pairs, Matryoshka against without.
+Results: ``benchmarks/results/retrieval_recipe.{json,md}``.
 
-  python benchmarks/retrieval_recipe.py [--max-rows 0]
+  python benchmarks/retrieval_recipe.py [--max-rows 0] [--skip-jobs]
 """
 
 from __future__ import annotations
@@ -28,14 +31,24 @@ from runtime.local_head import LocalHead, head_env  # noqa: E402
 from scripts.demo import find_data_dir, submit  # noqa: E402
 from scripts.make_beir_sets import make_sets  # noqa: E402
 
-STUDENT = "pypi:all-minilm-l6-v2"
-MINE, TRAIN = "configs/retrieval/mine-snli-minilm-cpu.yaml", "configs/retrieval/stage1-infonce-mined-cpu.yaml"
+STUDENT, TEACHER = "pypi:all-minilm-l6-v2", "pypi:all-mpnet-base-v2"
+MINE, SCORE = "configs/retrieval/mine-snli-minilm-cpu.yaml", "configs/annotate/groups-mpnet.yaml"
+TRAIN = "configs/retrieval/stage1-distill-mined-cpu.yaml"
+DIMS = [256, 128, 64]  # the student's whole embedding is 384
+STEP_QUERIES, TIMED_STEPS = 32, 6
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-rows", type=int, default=0, help="cap on SNLI dev rows read for mining (0: all)")
+    parser.add_argument("--skip-jobs", action="store_true", help="only the in-process step timings")
     args = parser.parse_args()
+    jobs = {} if args.skip_jobs else run_jobs(args.max_rows)
+    steps = step_times()
+    report(jobs, steps)
+
+
+def run_jobs(max_rows: int) -> dict:
     data = find_data_dir()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -43,58 +56,159 @@ def main() -> None:
                         "RAOE_MLFLOW_ARTIFACTS": str(tmp / "artifacts"), "RAOE_CACHE": str(tmp / "cache")})
         beir = make_sets(data, tmp / "beir")
         evaluate = ["ray_jobs/evaluate.py", "--config", "configs/retrieval/evaluate.yaml",
-                    "--set", f"eval.data_dir={data / 'senteval'}", "--set", "eval.tasks=[STSBenchmark]",
-                    "--set", "eval.stsb_split=dev", "--set", f"output_dir={tmp / 'eval'}",
+                    "--set", f"eval.data_dir={data / 'senteval'}",
+                    "--set", "eval.tasks=[STS12, STS13, STS14, STS15, STS16, STSBenchmark, SICKRelatedness]",
+                    "--set", f"output_dir={tmp / 'eval'}",
                     "--set", f"eval.retrieval=[{', '.join(str(p) for p in beir.values())}]"]
-        cap = ["--set", f"data.max_rows={args.max_rows}"] if args.max_rows else []
-        timings = {}
+        dims = ["--set", f"eval.dims=[{', '.join(map(str, DIMS))}]"]
+        cap = ["--set", f"data.max_rows={max_rows}"] if max_rows else []
+        out, seconds = {"tasks": list(beir)}, {}
+
+        def timed(name, job_args):
+            started = time.time()
+            out[name] = submit(head, env, job_args)
+            seconds[name] = time.time() - started
+
         with LocalHead(env) as head:
-            started = time.time()
-            before = submit(head, env, evaluate + ["--set", f"model.source={STUDENT}"])
-            timings["evaluate student"] = time.time() - started
-            started = time.time()
-            mined = submit(head, env, ["ray_jobs/mine_negatives.py", "--config", MINE,
-                                       "--set", f"data.train={data / 'snli'}", "--set", f"output_path={tmp / 'mined'}",
-                                       *cap])
-            timings["mine"] = time.time() - started
-            started = time.time()
-            trained = submit(head, env, ["ray_jobs/stage1.py", "--config", TRAIN,
-                                         "--set", f"data.train={mined['output_path']}",
-                                         "--set", f"eval.data_dir={data / 'senteval'}",
-                                         "--set", f"trainer.storage_path={tmp / 'runs'}",
-                                         "--set", f"output_dir={tmp / 'models'}"])
-            timings["train"] = time.time() - started
-            started = time.time()
-            after = submit(head, env, evaluate + ["--set", f"model.source={trained['model_uri']}"])
-            timings["evaluate trained"] = time.time() - started
-    report(before, mined, trained, after, timings, list(beir))
+            timed("student", evaluate + dims + ["--set", f"model.source={STUDENT}"])
+            timed("teacher", evaluate + ["--set", f"model.source={TEACHER}"])
+            timed("mine", ["ray_jobs/mine_negatives.py", "--config", MINE, "--set", f"data.train={data / 'snli'}",
+                           "--set", f"output_path={tmp / 'mined'}", *cap])
+            timed("score", ["ray_jobs/annotate.py", "--config", SCORE, "--set", f"data.train={tmp / 'mined'}",
+                            "--set", f"output_dir={tmp / 'scored'}"])
+            timed("train", ["ray_jobs/stage1.py", "--config", TRAIN, "--set", f"data.train={tmp / 'scored' / 'data'}",
+                            "--set", f"eval.data_dir={data / 'senteval'}", "--set", f"trainer.storage_path={tmp / 'runs'}",
+                            "--set", f"output_dir={tmp / 'models'}"])
+            timed("trained", evaluate + dims + ["--set", f"model.source={out['train']['model_uri']}"])
+        out["seconds"] = seconds
+        return out
 
 
-def report(before: dict, mined: dict, trained: dict, after: dict, timings: dict, tasks: list[str]) -> None:
-    rows = {"student": before, f"trained ({trained['metrics']['steps']} steps)": after}
-    payload = {"machine": machine(), "student": STUDENT, "retrieval": {k: v["retrieval"] for k, v in rows.items()},
-               "stsb_dev": {k: v["metrics"].get("STSBenchmark") for k, v in rows.items()},
-               "mining": {k: mined[k] for k in ("rows_in", "pairs_in", "corpus_rows", "rows_written",
-                                                "rows_without_negative", "candidates_dropped_by_margin")},
-               "training": trained["metrics"], "seconds": timings}
-    lines = ["# The retrieval recipe: mine with the student, train InfoNCE, evaluate", "",
-             f"`{STUDENT}` mines SNLI dev (premise -> entailment) pairs among SNLI dev's hypotheses (top 30, relative "
-             "margin 0.95, one negative per pair), then trains one epoch of supervised InfoNCE (tau 0.05, batch 64, "
-             "lr 2e-5) on the mined rows; evaluated on SNLI *test* and STS-B dev, never trained on. "
-             f"{os.cpu_count()} CPUs, every job through `ray job submit` on a local head.", "",
-             "| model | " + " | ".join(f"{t} nDCG@10 | {t} Recall@10" for t in tasks) + " | STS-B dev Spearman |",
-             "|---|" + "---|---|" * len(tasks) + "---|"]
-    for name, result in rows.items():
-        cells = [f"{100 * result['retrieval'][t]['ndcg@10']:.2f} | {100 * result['retrieval'][t]['recall@10']:.2f}"
-                 for t in tasks]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {result['metrics'].get('STSBenchmark', float('nan')):.2f} |")
-    lines += ["", f"Mining: {mined['rows_in']:,} rows read, {mined['pairs_in']:,} (query, positive) pairs, corpus "
-              f"{mined['corpus_rows']:,} texts, {mined['rows_written']:,} rows written, "
-              f"{mined['rows_without_negative']:,} pairs without a negative, {mined['candidates_dropped_by_margin']:,} "
-              "candidates dropped by the margin.", "",
-              "Seconds (each job's wall time through ray job submit): "
-              + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()) + "."]
+def step_times() -> dict:
+    """Seconds per optimizer step of the recipe's step on this CPU (MiniLM, 32 queries, one worker, no Ray): pairs
+    (group_size 1: each query's positive, in-batch negatives only) against groups of 8, and groups of 8 with
+    Matryoshka at 384/256/128/64 against without. The median of TIMED_STEPS steps after one untimed."""
+    import numpy as np
+    import torch
+
+    from encoders.backbone import build_encoder
+    from encoders.sources import resolve_model_source
+    from jobconfig.schema import TrainerConfig
+    from objectives.composite import CompositeObjective
+    from training.kinds import TRAINING_KINDS, BatchContext
+    from training.plan import plan_steps
+    from training.rows import InMemoryRows
+    from training.step import Stepper
+    from training.strategy import TorchStrategy
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    groups = _snli_groups(STEP_QUERIES * (TIMED_STEPS + 1))
+    rows = {k: np.array(v + [None], dtype=object)[:-1] for k, v in groups.items()}
+    kind = TRAINING_KINDS["groups"]
+
+    def seconds_per_step(group_size: int, matryoshka: tuple) -> float:
+        torch.manual_seed(0)
+        model = build_encoder(resolve_model_source(STUDENT), max_length=48,
+                              prompts={"query": "query: ", "document": "passage: "}).train()
+        plan = plan_steps(len(groups["query"]), world=1, global_batch=STEP_QUERIES, max_steps=TIMED_STEPS + 1)
+        strategy = TorchStrategy(model, TrainerConfig(lr=2e-5, global_batch_size=STEP_QUERIES), plan, 1)
+        batches = BatchContext(strategy.module, model, torch.device("cpu"), length_buckets=2, sides=kind.sides,
+                               group_size=group_size, fields=("teacher_scores",) if group_size > 1 else ())
+        weights = {"infonce": 1.0, "distill_kl": 1.0} if group_size > 1 else {"infonce": 1.0}
+        objective = CompositeObjective(weights, {"distill_kl": {"tau": 0.05, "teacher_tau": 0.05}}, matryoshka)
+        stepper = Stepper(plan, 42, kind, batches, strategy, objective, 0)
+        feed = stepper.feed(InMemoryRows(rows), prefetch=False)
+        times = []
+        for step in range(TIMED_STEPS + 1):
+            started = time.perf_counter()
+            stepper(feed, step)
+            strategy.step()
+            times.append(time.perf_counter() - started)
+        feed.close()
+        return float(np.median(times[1:]))
+
+    matryoshka = ((384, 1.0), (256, 1.0), (128, 1.0), (64, 1.0))
+    return {"pairs": seconds_per_step(1, ()), "groups of 8": seconds_per_step(8, ()),
+            "groups of 8, Matryoshka": seconds_per_step(8, matryoshka)}
+
+
+def _snli_groups(count: int) -> dict[str, list]:
+    """SNLI dev premises as query groups (their entailment the positive, the contradiction and neutral of other
+    premises as negatives, cycled to 7), with made-up teacher scores: a step's shape, not its data."""
+    snli = find_data_dir() / "snli"
+    s1, s2, labels = ((snli / f"{name}.dev").read_text(encoding="utf-8").splitlines() for name in ("s1", "s2", "labels"))
+    by_premise: dict[str, dict] = {}
+    for a, b, label in zip(s1, s2, labels):
+        group = by_premise.setdefault(a, {"positives": [], "negatives": []})
+        group["positives" if label == "entailment" else "negatives"].append(b)
+    chosen = [(q, g) for q, g in by_premise.items() if g["positives"] and g["negatives"]][:count]
+    out = {"query": [], "positives": [], "negatives": [], "positive_scores": [], "negative_scores": []}
+    for query, group in chosen:
+        negatives = (group["negatives"] * 7)[:7]
+        for key, value in (("query", query), ("positives", group["positives"]), ("negatives", negatives),
+                           ("positive_scores", [0.8] * len(group["positives"])),
+                           ("negative_scores", [0.3] * len(negatives))):
+            out[key].append(value)
+    return out
+
+
+def report(jobs: dict, steps: dict) -> None:
+    lines = ["# The retrieval recipe: query groups of 8, prompts, distillation from a teacher, Matryoshka", ""]
+    payload = {"machine": machine(), "student": STUDENT, "teacher": TEACHER, "step_seconds": steps}
+    if jobs:
+        tasks = jobs["tasks"]
+        table = _rows(jobs)
+        payload |= {"results": table, "mining": {k: jobs["mine"][k] for k in (
+            "rows_in", "pairs_in", "corpus_rows", "rows_written", "negatives_written", "rows_without_negative",
+            "candidates_dropped_by_margin")}, "training": jobs["train"]["metrics"], "seconds": jobs["seconds"]}
+        snli = tasks[0]
+        student, teacher = table["student"][snli]["ndcg@10"], table["teacher"][snli]["ndcg@10"]
+        trained = table["trained"][snli]["ndcg@10"]
+        closed = (trained - student) / (teacher - student) if teacher != student else float("nan")
+        payload["gap_closed"] = closed
+        lines += [f"`{STUDENT}` mines SNLI dev (premise -> entailment) query groups among SNLI dev's hypotheses (top "
+                  "30, relative margin 0.95, 7 negatives each), `" + TEACHER + "` scores every (premise, text) pair, "
+                  "and the student trains one epoch on groups of 8 (32 premises a step) with query/document prompts, "
+                  "InfoNCE + KL distillation (teacher_tau 0.05) at 384/256/128/64 dimensions (Matryoshka). Evaluated "
+                  f"on SNLI *test* and STS-B dev retrieval and the 7 STS tasks, never trained on. {os.cpu_count()} "
+                  "CPUs, every job through `ray job submit` on a local head.", "",
+                  "| model | dims | " + " | ".join(f"{t} nDCG@10 | {t} Recall@10" for t in tasks)
+                  + " | STS 7-task avg |", "|---|---|" + "---|---|" * len(tasks) + "---|"]
+        for name, by_dim in (("student", table["student_dims"]), ("trained", table["trained_dims"]),
+                             ("teacher", {"768": table["teacher"]})):
+            for dim, scores in by_dim.items():
+                cells = [f"{100 * scores[t]['ndcg@10']:.2f} | {100 * scores[t]['recall@10']:.2f}" for t in tasks]
+                lines.append(f"| {name} | {dim} | " + " | ".join(cells) + f" | {scores['sts_avg']:.2f} |")
+        m = payload["mining"]
+        lines += ["", f"SNLI-test nDCG@10: student {100 * student:.2f}, trained {100 * trained:.2f}, teacher "
+                  f"{100 * teacher:.2f}: {100 * closed:.0f}% of the student-teacher gap closed.", "",
+                  f"Mining: {m['rows_in']:,} rows read, {m['pairs_in']:,} (query, positive) pairs, corpus "
+                  f"{m['corpus_rows']:,} texts, {m['rows_written']:,} groups with {m['negatives_written']:,} negatives, "
+                  f"{m['rows_without_negative']:,} pairs without a negative. Training: "
+                  f"{jobs['train']['metrics']['steps']} steps.", "",
+                  "Seconds (each job's wall time through ray job submit): "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in jobs["seconds"].items()) + "."]
+    lines += ["", f"Step time in process (MiniLM, {STEP_QUERIES} queries a step, one worker, this CPU; median of "
+              f"{TIMED_STEPS} steps):", "", "| step | seconds | against pairs |", "|---|---|---|"]
+    for name, value in steps.items():
+        lines.append(f"| {name} | {value:.2f} | {value / steps['pairs']:.2f}x |")
+    lines.append(f"\nMatryoshka costs {100 * (steps['groups of 8, Matryoshka'] / steps['groups of 8'] - 1):+.1f}% on "
+                 "groups of 8.")
     print(write_results("retrieval_recipe", payload, "\n".join(lines) + "\n").read_text())
+
+
+def _rows(jobs: dict) -> dict:
+    """Per model and size: each task's metrics and the STS 7-task average (x100)."""
+    def scored(result, dim=None):
+        part = result if dim is None else result["dims"][str(dim)]
+        sts = [v for k, v in part["metrics"].items() if k != "avg" and v is not None]
+        return {**part["retrieval"], "sts_avg": sum(sts) / len(sts)}
+
+    table = {"teacher": scored(jobs["teacher"])}
+    for name in ("student", "trained"):
+        table[name] = scored(jobs[name])
+        table[f"{name}_dims"] = {"384": table[name], **{str(d): scored(jobs[name], d) for d in DIMS}}
+    return table
 
 
 if __name__ == "__main__":
