@@ -37,6 +37,15 @@ class DataReport:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def added(cls, reports: list["DataReport"]) -> "DataReport":
+        """Several corpora's reports as one (data.sources): counts added, files listed, the first quarantine file."""
+        counts = {k: sum(getattr(r, k) for r in reports)
+                  for k in ("rows_in", "rows_written", "rows_quarantined", "rows_without_gold")}
+        return cls(**counts, quarantine_path=next((r.quarantine_path for r in reports if r.quarantine_path), None),
+                   files=[f for r in reports for f in r.files], format="+".join(r.format for r in reports),
+                   cache="+".join(str(r.cache) for r in reports))
+
 
 # Formats by the file names they read; a file whose suffix belongs to another group is refused before any work.
 SUFFIX_FORMATS = {(".parquet",): ("parquet", "groups_parquet"), (".csv", ".tsv"): ("csv", "stsb_csv", "senteval_sts"),

@@ -42,10 +42,10 @@ class EncoderSettings:
     relations: tuple[str, ...] = ()  # names of the relation table's rows (encoders.relation_table), RSE only
     matryoshka_dims: tuple[int, ...] = ()  # the leading sizes it was trained to embed at (objective.matryoshka)
 
-    def template(self, side: str | None) -> str | None:
-        """The prompt template of a text on ``side`` (a name of model.prompts, or None): its own prefix, else
-        model.prompt."""
-        prefix = self.prompts.get(side) if side else None
+    def template(self, side: str | None, prompts: dict[str, str] | None = None) -> str | None:
+        """The prompt template of a text on ``side`` (a name of model.prompts, or None): its own prefix (from
+        ``prompts`` when given: a data source's own), else model.prompt."""
+        prefix = (self.prompts if prompts is None else prompts).get(side) if side else None
         return self.prompt if prefix is None else prefix + "{text}"
 
 
@@ -218,29 +218,33 @@ def apply_prompt(texts: list[str], prompt: str | None) -> list[str]:
     return list(texts) if not prompt else [prompt.replace("{text}", t) for t in texts]
 
 
-def side_encoding(model, side: str | None) -> tuple[str | None, int | None]:
-    """(prompt template, max tokens) of a text on ``side``: texts whose encodings are equal may share a forward
-    pass."""
+def side_encoding(model, side: str | None, prompts: dict[str, str] | None = None) -> tuple[str | None, int | None]:
+    """(prompt template, max tokens) of a text on ``side`` (``prompts``: a data source's own): texts whose encodings
+    are equal may share a forward pass."""
     module = model[0]
     length = {"query": getattr(module, "query_length", None),
               "document": getattr(module, "document_length", None)}.get(side or "")
-    return model.encoder_settings.template(side), length or model.max_seq_length
+    return model.encoder_settings.template(side, prompts), length or model.max_seq_length
 
 
 def tokenize(model, texts: list[str], device: str | torch.device = "cpu",
-             tokens: "TokenCache | None" = None, side: str | None = None) -> dict[str, torch.Tensor]:
+             tokens: "TokenCache | None" = None, side: str | None = None,
+             prompts: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
     """Tokenised, dynamically padded inputs with the prompt template of ``side`` applied (padded to the longest
     text of this batch, at most the side's max length): prepared ahead in ``tokens`` when it holds these texts,
     else tokenised here."""
-    features = tokens.features(model, texts, side) if tokens is not None else preprocessed(model, texts, side=side)
+    features = tokens.features(model, texts, side, prompts) if tokens is not None else \
+        preprocessed(model, texts, side=side, prompts=prompts)
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
 
 
-def preprocessed(model, texts: list[str], pin: bool = False, side: str | None = None) -> dict[str, Any]:
+def preprocessed(model, texts: list[str], pin: bool = False, side: str | None = None,
+                 prompts: dict[str, str] | None = None) -> dict[str, Any]:
     """sentence-transformers' own preprocessing of one forward pass's texts on ``side`` (its task: the query or
-    document length), on the host (pinned for a non-blocking copy to a GPU when ``pin``)."""
+    document length; ``prompts``: a data source's own), on the host (pinned for a non-blocking copy to a GPU when
+    ``pin``)."""
     task = {"task": side} if side in SIDES else {}
-    features = model.preprocess(apply_prompt(texts, model.encoder_settings.template(side)), **task)
+    features = model.preprocess(apply_prompt(texts, model.encoder_settings.template(side, prompts)), **task)
     return {k: v.pin_memory() if pin and isinstance(v, torch.Tensor) else v for k, v in features.items()}
 
 
@@ -255,37 +259,42 @@ class TokenCache:
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def prepare(self, model, calls: list[tuple[list[str], int, str | None]], pin: bool = False) -> dict:
+    def prepare(self, model, calls: list[tuple[list[str], int, str | None]], pin: bool = False,
+                prompts: dict[str, str] | None = None) -> dict:
         """The features of every forward pass that ``encode`` calls of (texts, buckets, side) will run (any
         thread)."""
         ready = {}
         for texts, buckets, side in calls:
+            template = model.encoder_settings.template(side, prompts)
             for group in length_groups(texts, buckets):
                 chunk = [texts[i] for i in group]
                 with self._lock:
-                    ready[(side, *chunk)] = preprocessed(model, chunk, pin, side)
+                    ready[(template, side, *chunk)] = preprocessed(model, chunk, pin, side, prompts)
         return ready
 
     def use(self, ready: dict) -> None:
         """The prepared features of the micro-batch about to run (what ``prepare`` gave)."""
         self._ready = ready
 
-    def features(self, model, texts: list[str], side: str | None = None) -> dict[str, Any]:
-        found = self._ready.get((side, *texts))  # kept: a cached-embeddings step encodes each chunk twice
+    def features(self, model, texts: list[str], side: str | None = None,
+                 prompts: dict[str, str] | None = None) -> dict[str, Any]:
+        template = model.encoder_settings.template(side, prompts)
+        found = self._ready.get((template, side, *texts))  # kept: a cached-embeddings step encodes each chunk twice
         if found is not None:
             self.hits += 1
             return found
         self.misses += 1
         with self._lock:
-            return preprocessed(model, texts, side=side)
+            return preprocessed(model, texts, side=side, prompts=prompts)
 
 
 def forward_pass(module, model, texts: list[str], device: str | torch.device = "cpu",
-                 tokens: TokenCache | None = None, side: str | None = None) -> torch.Tensor:
+                 tokens: TokenCache | None = None, side: str | None = None,
+                 prompts: dict[str, str] | None = None) -> torch.Tensor:
     """Sentence embeddings with gradient, in one forward pass over texts on ``side``. ``module`` is what runs the
     forward (the model itself, or its DDP/DeepSpeed wrapper); ``model`` is the bare SentenceTransformer (for its
     tokenizer)."""
-    return module(tokenize(model, texts, device, tokens, side))["sentence_embedding"]
+    return module(tokenize(model, texts, device, tokens, side, prompts))["sentence_embedding"]
 
 
 def length_groups(texts: list[str], buckets: int) -> list[list[int]]:
@@ -300,15 +309,15 @@ def length_groups(texts: list[str], buckets: int) -> list[list[int]]:
 
 def forward_in_length_buckets(module, model, texts: list[str], device: str | torch.device = "cpu",
                               buckets: int = 2, tokens: TokenCache | None = None,
-                              side: str | None = None) -> torch.Tensor:
+                              side: str | None = None, prompts: dict[str, str] | None = None) -> torch.Tensor:
     """``forward_pass`` in ``buckets`` forward passes over the texts grouped by length, each padded only to its own longest
     text (an SNLI premise is about twice as long as its hypothesis); embeddings come back in input order.
     Exactly ``buckets`` passes whenever there are ``2 * buckets`` texts or more, whatever their count, so workers
     given the same ``buckets`` (training.kinds.base.BatchContext) run the same number of forward passes."""
     groups = length_groups(texts, buckets)
     if len(groups) == 1:
-        return forward_pass(module, model, texts, device, tokens, side)
-    parts = [forward_pass(module, model, [texts[i] for i in group], device, tokens, side) for group in groups]
+        return forward_pass(module, model, texts, device, tokens, side, prompts)
+    parts = [forward_pass(module, model, [texts[i] for i in group], device, tokens, side, prompts) for group in groups]
     inverse = torch.tensor([i for group in groups for i in group]).argsort()  # each input text's place in the parts
     return torch.cat(parts)[inverse.to(parts[0].device)]
 

@@ -166,13 +166,49 @@ class TrainerConfig(Section):
 
 GROUP_FORMATS = ("groups_jsonl", "groups_parquet")
 DEFAULT_GROUP_SIZE = 8
+DataFormat = Literal["auto", "pairs_jsonl", "snli_jsonl", "senteval_nli", "csv", "parquet", "stsb_csv", "senteval_sts",
+                     "txt", "jsonl", "triplets_jsonl", "groups_jsonl", "groups_parquet"]
+
+
+class SourceConfig(Section):
+    """One corpus of a mixed-source training job (data.sources): its own reader, weight, objective and prompts."""
+
+    train: str = Field(description="a file, a folder or hf:<dataset>[:<config>]")
+    name: str | None = Field(None, description="its name in progress lines, the JSON line and MLflow (default: the "
+                             "file or folder name)")
+    format: DataFormat = Field("auto", description="reader, as data.format")
+    split: str | None = Field(None, description="split of a folder layout or hf: dataset")
+    max_rows: int | None = Field(None, ge=1, description="use only its first N rows")
+    shuffle_seed: int | None = Field(None, description="shuffle its rows with this seed before max_rows")
+    triplets: bool = Field(False, description="NLI pairs -> SimCSE triplets, as data.triplets")
+    group_size: int | None = Field(None, ge=1, description="query groups' texts per query and step, as data.group_size")
+    weight: float = Field(1.0, gt=0, description="how often its batches come: each step draws one source with "
+                          "probability weight / sum of weights")
+    objective: dict[str, float] | None = Field(None, description="objective weights for its batches (parameters "
+                                               "from objective.<name>); null = objective.weights")
+    prompts: dict[str, str] | None = Field(None, description="its query/document prompts, replacing model.prompts "
+                                           "for its texts (an instruction per task); null = model.prompts")
+
+    @field_validator("objective")
+    @classmethod
+    def _known_objectives(cls, weights: dict[str, float] | None) -> dict[str, float] | None:
+        return None if weights is None else _ObjectiveBase._known(weights)
+
+    @property
+    def label(self) -> str:
+        return self.name or self.train.rstrip("/").rsplit("/", 1)[-1].split(":")[-1]
+
+    def as_data(self, data: "DataConfig") -> "DataConfig":
+        """The job's data section reading this source alone."""
+        return data.model_copy(update={"train": self.train, "format": self.format, "split": self.split,
+                                       "max_rows": self.max_rows, "shuffle_seed": self.shuffle_seed,
+                                       "triplets": self.triplets, "group_size": self.group_size, "sources": []})
 
 
 class DataConfig(Section):
     train: str | None = Field(None, description="training corpus: a file, a folder, or hf:<dataset>[:<config>] "
                               "(Hugging Face datasets, split from data.split)")
-    format: Literal["auto", "pairs_jsonl", "snli_jsonl", "senteval_nli", "csv", "parquet", "stsb_csv", "senteval_sts",
-                    "txt", "jsonl", "triplets_jsonl", "groups_jsonl", "groups_parquet"] = (
+    format: DataFormat = (
         Field("auto", description="reader; auto picks by file name; triplets_jsonl: {text1, text2, negative} rows "
               "that supervised InfoNCE trains on; groups_jsonl / groups_parquet: query groups {query, positives: [...], "
               "negatives: [...]} (ray_jobs/mine_negatives.py writes them), a stage1 job")
@@ -202,12 +238,25 @@ class DataConfig(Section):
                                    "positive and group_size - 1 of its negatives, drawn by (seed, step, row); null = 8 "
                                    "(FlagEmbedding's train_group_size); only with data.format groups_jsonl / "
                                    "groups_parquet")
+    sources: list[SourceConfig] = Field(default_factory=list, description="several corpora in place of data.train, "
+                                        "each with its own format, weight, objective weights and prompts: each "
+                                        "step draws one source by weight (seeded by the step) and its whole global "
+                                        "batch from it")
 
     @model_validator(mode="after")
     def _groups_only(self) -> "DataConfig":
         if self.group_size is not None and not self.groups:
             raise ValueError(f"data.group_size is for query groups (data.format groups_jsonl or groups_parquet), "
                              f"not data.format {self.format}")
+        mixed = [s for s in self.sources if isinstance(s, SourceConfig)]  # RSE's data.sources are relation corpora
+        if mixed and self.train:
+            raise ValueError("data.train and data.sources: name every corpus in data.sources (or only data.train)")
+        names = [s.label for s in mixed]
+        if len(set(names)) != len(names):
+            raise ValueError(f"data.sources: names {names} repeat; give each source a distinct name")
+        for s in mixed:
+            if s.group_size is not None and s.format not in GROUP_FORMATS:
+                raise ValueError(f"data.sources[{s.label}].group_size is for query groups, not format {s.format}")
         return self
 
     @property

@@ -15,7 +15,7 @@ import json
 import random
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,8 @@ from training.kinds import TRAINING_KINDS, BatchContext, ModelAdditions
 from training.plan import StepPlan
 from training.readiness import Readiness
 from training.rows import CorpusRows, MicroBatchFeed
-from training.step import Stepper
+from training.sources import source_schedule
+from training.step import SourceSteps, Stepper
 from training.strategy import STRATEGIES
 from training.worker_config import DevSet, WorkerConfig
 
@@ -94,23 +95,19 @@ def train_loop_per_worker(cfg: WorkerConfig) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     if world != cfg.plan.world:  # elastic: this worker group is smaller than the largest, the same global batches
-        cfg = replace(cfg, plan=cfg.plan.for_world(world))
+        cfg = cfg.for_world(world)
     torch.set_num_threads(cfg.trainer.threads_per_worker or torch.get_num_threads())
     seed_everything(cfg.trainer.seed)
     device = ray.train.torch.get_device() if cfg.trainer.use_gpu else torch.device("cpu")
     kind = TRAINING_KINDS[cfg.kind]
     readiness = Readiness(rank, world, cfg.trainer.ready_timeout_s)
-    rows = CorpusRows(cfg.corpus)  # before the first collective (DDP's broadcast in the strategy's set-up)
+    # before the first collective (DDP's broadcast in the strategy's set-up)
+    rows = [CorpusRows(s.corpus) for s in cfg.sources] if cfg.sources else CorpusRows(cfg.corpus)
     model, strategy, progress = _setup_model_and_strategy(cfg, kind, device, rank, world, readiness)
-    objective = CompositeObjective(cfg.objective_weights, cfg.objective_params, cfg.matryoshka)
     evaluator, metrics_log = Evaluator(cfg.dev), MetricsLog(cfg.tracking if rank == 0 else None)
     if rank == 0:
         _announce(cfg.plan, world, strategy.name, kind.unit, progress, cfg.trainer.cache_embeddings)
-    batches = BatchContext(module=strategy.module, model=model, device=device, autocast=strategy.autocast,
-                           length_buckets=cfg.trainer.length_buckets, fields=cfg.fields,
-                           negative_dropout=cfg.model.negative_dropout, sides=kind.sides, group_size=cfg.group_size)
-    stepper = Stepper(cfg.plan, cfg.trainer.seed, kind, batches, strategy, objective, rank,
-                      cache_embeddings=cfg.trainer.cache_embeddings)
+    stepper = _steps(cfg, kind, model, strategy, device, rank)
     run = _Run(cfg, stepper, strategy, evaluator, metrics_log, rank, world)
     feed = stepper.feed(rows, prefetch=cfg.prefetch)
     try:
@@ -120,6 +117,26 @@ def train_loop_per_worker(cfg: WorkerConfig) -> None:
     metrics_log.close()  # waits (tracking.retry_seconds) for an absent server to take the buffered metrics
     if progress.resumed_at is not None and progress.resumed_at >= cfg.plan.total_steps and rank == 0:
         print(f"[raoe] run already complete at step {progress.resumed_at}", flush=True)
+
+
+def _steps(cfg: WorkerConfig, kind, model, strategy, device, rank: int) -> Stepper | SourceSteps:
+    """What one optimizer step runs: the kind's Stepper, or with data.sources one Stepper per source (its kind,
+    objective, fields, group size and prompts), each step drawn from one of them."""
+    def stepper(plan, kind, objective_weights, fields, group_size, prompts=None) -> Stepper:
+        batches = BatchContext(module=strategy.module, model=model, device=device, autocast=strategy.autocast,
+                               length_buckets=cfg.trainer.length_buckets, fields=fields,
+                               negative_dropout=cfg.model.negative_dropout, sides=kind.sides, group_size=group_size,
+                               prompts=prompts)
+        objective = CompositeObjective(objective_weights, cfg.objective_params, cfg.matryoshka)
+        return Stepper(plan, cfg.trainer.seed, kind, batches, strategy, objective, rank,
+                       cache_embeddings=cfg.trainer.cache_embeddings)
+
+    if not cfg.sources:
+        return stepper(cfg.plan, kind, cfg.objective_weights, cfg.fields, cfg.group_size)
+    steppers = tuple(stepper(s.plan, TRAINING_KINDS[s.kind], s.objective_weights, s.fields, s.group_size, s.prompts)
+                     for s in cfg.sources)
+    drawn, local = source_schedule([s.weight for s in cfg.sources], cfg.trainer.seed, cfg.plan.total_steps)
+    return SourceSteps(steppers, tuple(s.name for s in cfg.sources), drawn, local)
 
 
 def _setup_model_and_strategy(cfg: WorkerConfig, kind, device, rank: int, world: int, readiness: Readiness):

@@ -6,21 +6,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from data_pipelines.hub import is_hub_source
-from data_pipelines.readers import corpus_files, count_where, load_corpus
+from data_pipelines.readers import DataReport, corpus_files, count_where, load_corpus
 from encoders.devices import gpus_wanted_here
 from encoders.model_uris import resolve_model
 from encoders.sources import cache_root
 from evaluation.retrieval import read_dev_set
 from evaluation.sts import stsb_dev_pairs
-from jobconfig.schema import TrainJobConfig, objective_params
+from jobconfig.schema import SourceConfig, TrainJobConfig, objective_params
 from objectives.catalog import CATALOG, fields_read
 from runtime.local_ray import ray_session, runs_local_ray, worker_env
 from runtime.tracking_store import ensure_experiment, tracking_uri
@@ -33,7 +34,8 @@ from training.checkpoints import MODEL_DIR, PROGRESS_FILE, refuse_other_corpus, 
 from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, DataKind, corpus_cache_dir
 from training.plan import elastic_chunk, plan_steps
 from training.rows import CorpusBlocks, content_ordered, write_files
-from training.worker_config import RETRIEVAL_DEV_METRIC, STS_DEV_METRIC, DevSet, WorkerConfig
+from training.sources import steps_per_source
+from training.worker_config import RETRIEVAL_DEV_METRIC, STS_DEV_METRIC, DevSet, SourceRun, WorkerConfig
 
 JOB_DATA = {"stage1": "pairs", "stage2": "sts", "unsupervised": "sentences", "posttrain": "lists",
             "relational": "triples"}  # each job's data
@@ -140,6 +142,8 @@ class Preflight:
     dev: Any  # evaluation.sts.STSPairs or evaluation.retrieval.RetrievalDevSet, or None: no dev set
     dev_metric: str  # the dev score's name (training.worker_config)
     dev_label: str
+    # data.sources: (the source, its kind of data, the fields its objective reads), checked like the job's own data
+    sources: tuple[tuple[Any, DataKind, set[str]], ...] = ()
 
     @property
     def has_dev(self) -> bool:
@@ -168,15 +172,19 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
             mlflow.log_dict(resolved, "config.json")
         with ray_session(outputs={"output_dir": cfg.output_dir, "trainer.storage_path": cfg.trainer.storage_path},
                          shared_filesystem=cfg.shared_filesystem):
-            corpus, report, extras = _training_data(cfg, pre, join(_output_dir(cfg), run_name, "quarantine.jsonl"))
+            quarantine = join(_output_dir(cfg), run_name, "quarantine.jsonl")
+            if pre.sources:
+                corpus, report, sources = _source_data(cfg, pre, quarantine)
+                extras = {}
+            else:
+                corpus, report, extras = _training_data(cfg, pre, quarantine)
             rows = corpus.rows
-            t = cfg.trainer
-            plan = plan_steps(rows, world=t.worker_range[1], global_batch=t.global_batch_size, grad_accum=t.grad_accum,
-                              chunk_size=elastic_chunk(t.global_batch_size, t.worker_range, t.grad_accum, t.chunk_size),
-                              epochs=t.epochs, max_steps=t.max_steps, warmup_ratio=t.warmup_ratio)
+            plan = _plan(cfg, rows)
             print(f"[raoe] {cfg.stage}: {rows} {pre.kind.unit}, {plan.total_steps} steps "
                   f"({plan.steps_per_epoch} per epoch), run {run_name!r}" + (" (resumed)" if resumed else ""), flush=True)
             worker_config = _worker_config(cfg, pre, plan, corpus, extras, run_name, run_id, after_step)
+            if pre.sources:
+                worker_config = replace(worker_config, sources=_source_runs(cfg, pre, sources, plan))
             refuse_other_corpus(worker_config.run_folder, corpus.fingerprint, rows, cfg.data.train or cfg.stage)
             result = _fit(cfg, worker_config, run_name, callbacks)
         with staged_folder(join(_output_dir(cfg), run_name)) as out:
@@ -184,6 +192,9 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
             finished = pre.kind.finish(cfg, out.local / MODEL_DIR, extras, out.local) if pre.kind.finish else {}
             payload = _payload(cfg, pre, result, best_metrics, report, plan, run_id, run_name, resumed, out,
                                finished)
+            if pre.sources:
+                payload["sources"] = _source_report(worker_config.sources, cfg.trainer.seed, plan,
+                                                    payload["metrics"]["steps"] or 0, cfg.tracking.retry_seconds)
             card = write_model_card(out.local / MODEL_DIR, model_card(
                 cfg, {**payload, "registered_model": registered if register else None},
                 _objective_description(cfg, pre), pre.kind.unit))
@@ -207,19 +218,50 @@ def preflight(cfg: TrainJobConfig) -> Preflight:
     """The kind of data, the objective's fields and batch size, the start model, the corpus path and the dev set,
     all checked on the driver before any Ray resource is taken."""
     params = objective_params(cfg.objective)
-    kind, needed = choose_kind(cfg)
-    check_batch_fits(cfg.objective.weights, cfg.trainer.global_batch_size, cfg.trainer.grad_accum)
+    sources = tuple(_checked_source(cfg, s) for s in mixed_sources(cfg))
+    if sources:  # the job's kind and fields are its first source's (for progress lines and the model card)
+        kind, needed = sources[0][1], set().union(*(n for _, _, n in sources))
+    else:
+        kind, needed = choose_kind(cfg)
+        check_batch_fits(cfg.objective.weights, cfg.trainer.global_batch_size, cfg.trainer.grad_accum)
     t = cfg.trainer
     elastic_chunk(t.global_batch_size, t.worker_range, t.grad_accum, t.chunk_size)  # divisibility rules, by key
     if kind.name == "lists":  # the teacher-scoring actor's GPUs, which a local Ray without them never gives
         gpus_wanted_here({"posttrain.teacher_gpus": cfg.posttrain.teacher_gpus})
-    if not cfg.data.train and kind.load is None:
-        raise ValueError("data.train must name the training data (a file or folder)")
+    if not cfg.data.train and kind.load is None and not sources:
+        raise ValueError("data.train must name the training data (a file or folder), or data.sources several")
     start_model = cfg.model.init_from or cfg.model.source
     resolve_model(start_model)  # fails here, before any Ray resource, if it cannot be found
-    if kind.load is None and not is_hub_source(cfg.data.train):  # a missing path or a format that cannot read it
-        corpus_files(cfg.data.train, kind.corpus, cfg.data.format)
-    return Preflight(kind, needed, params, start_model, *_dev_set(cfg))
+    for source_cfg, source_kind in [(source_config(cfg, s), k) for s, k, _ in sources] or [(cfg, kind)]:
+        if source_kind.load is None and not is_hub_source(source_cfg.data.train):  # a missing path or a format
+            corpus_files(source_cfg.data.train, source_kind.corpus, source_cfg.data.format)  # that cannot read it
+    return Preflight(kind, needed, params, start_model, *_dev_set(cfg), sources=sources)
+
+
+def mixed_sources(cfg: TrainJobConfig) -> list[SourceConfig]:
+    """data.sources of a mixed-source job (the relational job's data.sources are relation corpora, mixed apart)."""
+    return [s for s in getattr(cfg.data, "sources", []) if isinstance(s, SourceConfig)]
+
+
+def source_config(cfg: TrainJobConfig, source: SourceConfig) -> TrainJobConfig:
+    """The job's config reading ``source`` alone, with its objective weights."""
+    objective = cfg.objective.model_copy(update={"weights": source.objective or cfg.objective.weights})
+    return cfg.model_copy(update={"data": source.as_data(cfg.data), "objective": objective})
+
+
+def _checked_source(cfg: TrainJobConfig, source: SourceConfig) -> tuple[SourceConfig, DataKind, set[str]]:
+    """A source's kind of data and the fields its objective reads, or the error naming it."""
+    if cfg.stage == "relational":
+        raise ValueError("data.sources of the relational job are relation corpora (data.sources[].mapping)")
+    try:
+        kind, needed = choose_kind(source_config(cfg, source))
+        if kind.load is not None or kind.setup_model is not None:
+            raise ValueError(f"{kind.name} data cannot be one of several sources")
+        check_batch_fits(source.objective or cfg.objective.weights, cfg.trainer.global_batch_size,
+                         cfg.trainer.grad_accum)
+    except ValueError as exc:
+        raise ValueError(f"data.sources[{source.label}]: {exc}") from None
+    return source, kind, needed
 
 
 def _dev_set(cfg: TrainJobConfig) -> tuple[Any, str, str]:
@@ -268,6 +310,62 @@ def _training_data(cfg: TrainJobConfig, pre: Preflight, quarantine: Path):
         print(f"[raoe] data.node_local: the corpus as memory-mapped files, {corpus.files}; each node copies it "
               f"once to {node_cache_root()}", flush=True)
     return corpus, report, extras
+
+
+def _plan(cfg: TrainJobConfig, rows: int, max_steps: int | None = None):
+    t = cfg.trainer
+    return plan_steps(rows, world=t.worker_range[1], global_batch=t.global_batch_size, grad_accum=t.grad_accum,
+                      chunk_size=elastic_chunk(t.global_batch_size, t.worker_range, t.grad_accum, t.chunk_size),
+                      epochs=t.epochs, max_steps=max_steps or t.max_steps, warmup_ratio=t.warmup_ratio)
+
+
+def _source_data(cfg: TrainJobConfig, pre: Preflight, quarantine: str):
+    """Every source's content-ordered rows; one corpus standing for them all (their rows and a fingerprint of
+    every source's, which checkpoints record), their reports added up, and (source, kind, needed, corpus) each."""
+    sources, reports = [], []
+    for source, kind, needed in pre.sources:
+        corpus, report, _ = _training_data(source_config(cfg, source), replace(pre, kind=kind, needed=needed),
+                                           quarantine.replace("quarantine.jsonl", f"quarantine-{source.label}.jsonl"))
+        print(f"[raoe] source {source.label}: {corpus.rows} {kind.unit} (weight {source.weight})", flush=True)
+        sources.append((source, kind, needed, corpus))
+        reports.append(report)
+    fingerprint = hashlib.sha1("|".join(f"{s.label}:{c.fingerprint}" for s, _, _, c in sources).encode()).hexdigest()
+    joined = replace(sources[0][3], rows=sum(c.rows for *_, c in sources), fingerprint=fingerprint[:16])
+    return joined, DataReport.added(reports), sources
+
+
+def _source_runs(cfg: TrainJobConfig, pre: Preflight, sources: list, plan) -> tuple[SourceRun, ...]:
+    """What the workers need of each source: its kind, rows, plan (the run's steps over its own rows), objective,
+    fields, group size and prompts."""
+    runs = []
+    for source, kind, needed, corpus in sources:
+        try:
+            own = _plan(cfg, corpus.rows, max_steps=plan.total_steps)
+        except ValueError as exc:
+            raise ValueError(f"data.sources[{source.label}] ({corpus.rows} rows): {exc}") from None
+        runs.append(SourceRun(
+            name=re.sub(r"[^A-Za-z0-9_.-]+", "_", source.label), weight=source.weight, kind=kind.name, corpus=corpus,
+            plan=own, objective_weights=source.objective or cfg.objective.weights,
+            fields=tuple(sorted(needed & set(FIELD_COLUMNS))),
+            group_size=source_config(cfg, source).data.texts_per_group if kind.name == "groups" else 1,
+            prompts=source.prompts))
+    return tuple(runs)
+
+
+def _source_report(sources: tuple[SourceRun, ...], seed: int, plan, steps: int,
+                   retry_seconds: float) -> dict[str, dict]:
+    """Per source: its rows, the steps drawn from it and the rows they trained (the JSON line; MLflow metrics
+    source_steps/<name> and source_rows_trained/<name>)."""
+    import mlflow
+
+    drawn = steps_per_source([s.weight for s in sources], seed, steps)
+    report = {s.name: {"kind": s.kind, "weight": s.weight, "rows": s.corpus.rows, "steps": n,
+                       "rows_trained": n * plan.global_batch} for s, n in zip(sources, drawn)}
+    with_retries(lambda: mlflow.log_metrics({
+        **{metric_name(f"source_steps/{name}"): r["steps"] for name, r in report.items()},
+        **{metric_name(f"source_rows_trained/{name}"): r["rows_trained"] for name, r in report.items()}}),
+        "logging the sources' steps", retry_seconds)
+    return report
 
 
 def _without_similarity(table):

@@ -28,7 +28,7 @@ from objectives.composite import CompositeObjective
 from training.kinds import BatchContext, DataKind
 from training.kinds.base import Embeddings
 from training.plan import StepPlan
-from training.rows import MicroBatchFeed
+from training.rows import CorpusRows, MicroBatchFeed
 
 Rows = dict[str, np.ndarray]
 
@@ -134,3 +134,45 @@ class Stepper:
                 self.strategy.backward(surrogate)
             self.strategy.micro_step()
         return parts
+
+
+class SourceFeeds:
+    """The feeds of a mixed-source run's sources, each on its own rows, as the loop uses one feed."""
+
+    def __init__(self, feeds: list[MicroBatchFeed]):
+        self.feeds = feeds
+
+    def take_wait(self) -> float:
+        return sum(f.take_wait() for f in self.feeds)
+
+    def settle(self) -> None:
+        for f in self.feeds:
+            f.settle()
+
+    def close(self) -> None:
+        for f in self.feeds:
+            f.close()
+
+
+@dataclass(frozen=True)
+class SourceSteps:
+    """Mixed sources (data.sources): optimizer step k is source ``drawn[k]``'s Stepper at its own step ``local[k]``
+    (training.sources): its whole global batch from that source, every worker drawing the same one, so the
+    collectives of a step are that source's on every worker."""
+
+    steppers: tuple[Stepper, ...]
+    names: tuple[str, ...]
+    drawn: np.ndarray
+    local: np.ndarray
+
+    @property
+    def batches(self) -> BatchContext:  # the model and tokenizer, for evaluation and export
+        return self.steppers[0].batches
+
+    def feed(self, rows: list[CorpusRows], prefetch: bool) -> SourceFeeds:
+        return SourceFeeds([s.feed(r, prefetch) for s, r in zip(self.steppers, rows)])
+
+    def __call__(self, feed: SourceFeeds, step: int) -> tuple[float, dict[str, float]]:
+        source = int(self.drawn[step])
+        loss, parts = self.steppers[source](feed.feeds[source], int(self.local[step]))
+        return loss, {**parts, f"source_{self.names[source]}": loss}

@@ -3,7 +3,7 @@ Workers read it by attribute; every default lives in the config schema (jobconfi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from jobconfig.schema import ModelConfig, TrainerConfig
@@ -33,6 +33,22 @@ class DevSet:
 
 
 @dataclass(frozen=True)
+class SourceRun:
+    """One corpus of a mixed-source run (data.sources), as its steps train it: its kind of data, rows and plan (the
+    run's batch shape over its own rows), objective, gathered fields, group size and prompts."""
+
+    name: str
+    weight: float
+    kind: str
+    corpus: CorpusBlocks
+    plan: StepPlan
+    objective_weights: dict[str, float]
+    fields: tuple[str, ...]
+    group_size: int = 1
+    prompts: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
     model: ModelConfig
     trainer: TrainerConfig
@@ -51,3 +67,9 @@ class WorkerConfig:
     after_step: tuple[Callable[..., None], ...]  # hooks called after each optimizer step: tests' fault injection
     group_size: int = 1  # query groups: texts per query and step (data.group_size)
     matryoshka: tuple[tuple[int, float], ...] = ()  # objective.matryoshka: (dim, weight), largest first
+    sources: tuple[SourceRun, ...] = ()  # data.sources: each step one of them (training.sources); else ``corpus``
+
+    def for_world(self, world: int) -> "WorkerConfig":
+        """The same global batches on ``world`` workers (elastic training), every source's too."""
+        return replace(self, plan=self.plan.for_world(world),
+                       sources=tuple(replace(s, plan=s.plan.for_world(world)) for s in self.sources))

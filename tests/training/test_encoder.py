@@ -192,3 +192,27 @@ def test_a_hub_models_own_prompts_are_used_by_raoes_loader(tiny_path, tmp_path):
                                atol=1e-5)
     np.testing.assert_allclose(inference_embeddings(loaded, TEXTS), st.encode(TEXTS), atol=1e-5)
     assert not np.allclose(st.encode_query(TEXTS), st.encode(TEXTS), atol=1e-3)
+
+
+def test_a_sources_own_prompts_replace_the_models_for_its_texts(tiny_path):
+    """data.sources[].prompts: a source's batches encode with its prompts (an instruction per task), through the
+    same tokenisation ahead of the step, while the model keeps model.prompts for export."""
+    from training.kinds import TRAINING_KINDS, BatchContext
+
+    model = build_encoder(tiny_path, dropout=0.0, **SIDED).eval()
+    instructed = {"query": "Instruct: find the answer\nQuery: ", "document": ""}
+    reference = build_encoder(tiny_path, dropout=0.0, query_max_length=8, document_max_length=16,
+                              prompts=instructed).eval()
+    reference.load_state_dict(model.state_dict())
+    kind = TRAINING_KINDS["pairs"]
+    rows = {"text1": np.array(TEXTS, dtype=object), "text2": np.array(TEXTS, dtype=object)}
+    ctx = BatchContext(module=model, model=model, device=torch.device("cpu"), sides=kind.sides, prompts=instructed)
+    ctx.tokens.use(ctx.tokenized(kind.encode_calls(ctx, rows)))
+    with torch.no_grad():
+        got = kind.embed(ctx, rows)
+    assert ctx.tokens.misses == 0
+    np.testing.assert_allclose(got["emb1"].numpy(), inference_embeddings(reference, TEXTS, side="query"), atol=1e-5)
+    np.testing.assert_allclose(got["emb2"].numpy(), inference_embeddings(reference, TEXTS, side="document"),
+                               atol=1e-5)
+    assert not np.allclose(got["emb1"].numpy(), inference_embeddings(model, TEXTS, side="query"), atol=1e-3)
+    assert model.encoder_settings.prompts == SIDED["prompts"]

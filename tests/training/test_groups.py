@@ -139,3 +139,52 @@ def test_distillation_needs_every_group_scored(ray_local):
     with pytest.raises(ValueError, match="1 query groups of groups.jsonl carry no teacher scores"):
         groups_with_negatives(ds, cfg({"infonce": 1.0, "margin_mse": 1.0}), "")
     assert groups_with_negatives(ds, cfg({"infonce": 1.0}), "").columns() == ["query", "positives", "negatives"]
+
+
+def test_the_source_schedule_is_a_seeded_draw_by_weight_whatever_the_run_length():
+    from training.sources import source_schedule, steps_per_source
+
+    drawn, local = source_schedule([3.0, 1.0], seed=42, steps=4000)
+    assert abs(np.mean(drawn == 0) - 0.75) < 0.03  # by weight
+    again, _ = source_schedule([3.0, 1.0], seed=42, steps=100)
+    assert (again == drawn[:100]).all()  # a longer or resumed run draws the same first steps
+    assert not (source_schedule([3.0, 1.0], seed=43, steps=100)[0] == again).all()
+    for source in (0, 1):  # each source walks its own steps in order
+        assert (local[drawn == source] == np.arange(int((drawn == source).sum()))).all()
+    assert steps_per_source([3.0, 1.0], 42, 4000) == np.bincount(drawn).tolist()
+
+
+def test_mixed_sources_train_each_step_on_one_source(train_env):
+    """data.sources: NLI pairs under the RAOE composite and query groups under InfoNCE with prompts of their own;
+    each step is one source's whole batch, its objective alone (logged on its steps only), as the schedule draws;
+    the JSON line and MLflow report the steps and rows per source. Bad sources are named before anything runs."""
+    from mlflow import MlflowClient
+
+    from tests.training.conftest import TINY_NLI, tiny_config
+    from training.run import run_training
+    from training.sources import source_schedule
+
+    groups = train_env / "groups.jsonl"
+    nli = [json.loads(line) for line in TINY_NLI.read_text().splitlines()]
+    groups.write_text("".join(json.dumps({"query": r["text1"], "positives": [r["text2"]],
+                                          "negatives": [o["text2"] for o in nli[i + 1:i + 4]]}) + "\n"
+                              for i, r in enumerate(nli[:40])))
+    sources = (f"data.sources=[{{train: '{TINY_NLI}', name: nli, weight: 1}}, {{train: '{groups}', name: groups, "
+               f"format: groups_jsonl, group_size: 3, weight: 2, objective: {{infonce: 1.0}}, "
+               f"prompts: {{query: 'query: ', document: 'passage: '}}}}]")
+    cfg = tiny_config(train_env, "mixed-sources", "data.train=null", sources, "trainer.max_steps=6",
+                      "trainer.global_batch_size=8")
+    result = run_training(cfg)
+    drawn, _ = source_schedule([1.0, 2.0], cfg.trainer.seed, 6)
+    steps = {name: [s + 1 for s in range(6) if drawn[s] == i] for i, name in enumerate(["nli", "groups"])}
+    assert all(steps.values())  # both drawn in 6 steps (seed 42)
+    assert result["sources"]["nli"]["steps"] == len(steps["nli"]) and result["sources"]["groups"]["rows"] == 40
+    assert result["sources"]["groups"]["rows_trained"] == 8 * len(steps["groups"])
+    client = MlflowClient()
+    logged = lambda key: sorted(m.step for m in client.get_metric_history(result["run_id"], key))  # noqa: E731
+    assert logged("loss/rank_margin") == steps["nli"] == logged("loss/source_nli")
+    assert logged("loss/infonce") == steps["groups"] == logged("loss/source_groups")
+    bad = tiny_config(train_env, "mixed-bad", "data.train=null",
+                      f"data.sources=[{{train: '{groups}', format: groups_jsonl}}]")  # groups carry no S
+    with pytest.raises(ValueError, match=r"data.sources\[groups.jsonl\]: objective.weights .* do not fit this data"):
+        run_training(bad)

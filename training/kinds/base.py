@@ -44,6 +44,7 @@ class BatchContext:
     tokens: TokenCache = field(default_factory=TokenCache)  # the micro-batch's inputs, tokenised ahead
     sides: dict[str, str] = field(default_factory=dict)  # text column -> 'query' | 'document' (DataKind.sides)
     group_size: int = 1  # data.group_size: query groups' texts per query and step (1 positive, the rest negatives)
+    prompts: dict[str, str] | None = None  # a data source's own query/document prompts (data.sources[].prompts)
 
     def encode(self, texts: list[str], buckets: int | None = None, side: str | None = None) -> torch.Tensor:
         """Embeddings with gradient of texts on ``side`` (its prompt and max length), in ``buckets`` (default
@@ -53,12 +54,13 @@ class BatchContext:
         with self.autocast() if self.autocast else contextlib.nullcontext():
             return forward_in_length_buckets(self.module, self.model, texts, self.device,
                                              self.length_buckets if buckets is None else buckets, self.tokens,
-                                             side).float()
+                                             side, self.prompts).float()
 
     def tokenized(self, calls: list[EncodeCall]) -> dict:
         """The tokenised inputs of ``encode`` calls, prepared off the training thread."""
         return self.tokens.prepare(self.model, [(texts, self.length_buckets if buckets is None else buckets, side)
-                                                for texts, buckets, side in calls], pin=self.device.type == "cuda")
+                                                for texts, buckets, side in calls], pin=self.device.type == "cuda",
+                                   prompts=self.prompts)
 
     def side_groups(self, columns: dict[str, list[str]]) -> list[tuple[str | None, list[str]]]:
         """(side, column names) of each encode call over the texts of ``columns``: columns that encode alike (the
@@ -67,7 +69,7 @@ class BatchContext:
         groups: dict[tuple, tuple[str | None, list[str]]] = {}
         for name in columns:
             side = self.sides.get(name)
-            groups.setdefault(side_encoding(self.model, side), (side, []))[1].append(name)
+            groups.setdefault(side_encoding(self.model, side, self.prompts), (side, []))[1].append(name)
         return list(groups.values())
 
     def column_calls(self, columns: dict[str, list[str]]) -> list[EncodeCall]:
