@@ -82,15 +82,21 @@ def search_index(index: CorpusIndex, query_embeddings: np.ndarray, k: int = DEPT
 
 
 def evaluate_task(model_path: str, task: RetrievalTask, *, pool: EncoderPool, batch_size: int,
-                  per_query: dict | None = None, dim: int | None = None) -> dict[str, float]:
-    """BEIR's five metrics of one task for one model (at its leading ``dim`` dimensions when given)."""
+                  per_query: dict | None = None, dim: int | None = None,
+                  queries_cache: dict | None = None) -> dict[str, float]:
+    """BEIR's five metrics of one task for one model (at its leading ``dim`` dimensions when given; the queries'
+    whole embeddings kept in ``queries_cache`` by task for the next size)."""
     from evaluation.encode import ray_encode
     from evaluation.search import normalised
 
     print(f"retrieval {task.name}: {len(task.query_ids)} queries", flush=True)
     index = corpus_index(corpus_dataset(task.source), model_path, corpus_key(task.source), pool=pool,
                          batch_size=batch_size)
-    queries = normalised(ray_encode(model_path, task.query_texts, batch_size=batch_size, pool=pool, side="query"))
+    cache = {} if queries_cache is None else queries_cache
+    if task.name not in cache:
+        cache[task.name] = normalised(ray_encode(model_path, task.query_texts, batch_size=batch_size, pool=pool,
+                                                 side="query"))
+    queries = cache[task.name]
     _, rows = search_index(index, queries, dim=dim)
     ranked = rankings(task.query_ids, rows, lambda found: index.take("id", found))
     means, queries_scored = score_rankings(task, ranked)
@@ -100,12 +106,14 @@ def evaluate_task(model_path: str, task: RetrievalTask, *, pool: EncoderPool, ba
 
 
 def evaluate_retrieval(model_path: str, tasks, *, pool: EncoderPool, batch_size: int = 64,
-                       per_query: dict | None = None, dim: int | None = None) -> dict[str, dict[str, float]]:
+                       per_query: dict | None = None, dim: int | None = None,
+                       queries_cache: dict | None = None) -> dict[str, dict[str, float]]:
     """{task name: {metric: value}} for the configured tasks (each with source, split, name, max_queries), at the
-    model's leading ``dim`` dimensions when given (its corpus index is the same one)."""
+    model's leading ``dim`` dimensions when given (its corpus index is the same one; ``queries_cache`` shares the
+    queries' embeddings between sizes)."""
     results = {}
     for spec in tasks:
         task = read_task(spec.source, spec.split, spec.name, spec.max_queries)
         results[task.name] = evaluate_task(model_path, task, pool=pool, batch_size=batch_size, per_query=per_query,
-                                           dim=dim)
+                                           dim=dim, queries_cache=queries_cache)
     return results

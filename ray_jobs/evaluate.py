@@ -109,13 +109,15 @@ def main(cfg: EvaluateJobConfig) -> dict:
         with ray_session(outputs=retrieval_outputs(cfg.eval), shared_filesystem=cfg.shared_filesystem):
             metrics = score_with_ray(model_path, cfg.eval, pool=cfg.encoder_pool(),
                                      predictions=predictions, score=scorer, cache=cache)
+            queries: dict = {}  # each task's query embeddings, encoded once for every size
             retrieval = evaluate_retrieval(model_path, cfg.eval.retrieval, pool=cfg.encoder_pool(),
-                                           batch_size=cfg.eval.batch_size, per_query=per_query)
+                                           batch_size=cfg.eval.batch_size, per_query=per_query, queries_cache=queries)
             for dim in cfg.eval.dims:  # the same encodings (cache) and corpus indexes, cut to ``dim``
                 by_dim[dim] = {"metrics": score_with_ray(model_path, cfg.eval, pool=cfg.encoder_pool(), cache=cache,
                                                          dim=dim),
                                "retrieval": evaluate_retrieval(model_path, cfg.eval.retrieval, pool=cfg.encoder_pool(),
-                                                               batch_size=cfg.eval.batch_size, dim=dim)}
+                                                               batch_size=cfg.eval.batch_size, dim=dim,
+                                                               queries_cache=queries)}
             if scorer is not None:
                 relational = _relational_report(model_path, cfg, out.local / f"{safe}-relations.png", cache)
         print(f"{'task':<18}Spearman x100")
