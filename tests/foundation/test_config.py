@@ -119,6 +119,8 @@ def _job_model(path):
     job = path.parent.name if path.parent.name not in ("tiny", "retrieval") else path.stem
     if path.parent.name == "retrieval":
         job = {"mine": "mine_negatives"}.get(job.split("-")[0], job.split("-")[0])
+    if path.parent.name == "tiny" and not job.startswith("sweep"):  # stage1-sources: a variant of a job's config
+        job = job.split("-")[0]
     job = "sweep" if job.startswith("sweep") else {"qlora": "stage1", "promote": "promote"}.get(job, job)
     if job == "sweep":
         from tuning.sweep import SweepSpec
