@@ -61,9 +61,46 @@ def labelled_or_plain(path: str, fmt: str) -> str:
     return "pairs"
 
 
+def is_beir_folder(path: str) -> bool:
+    """A BEIR folder (queries.jsonl, qrels/, corpus.jsonl), local or on object storage."""
+    root = storage_path(path) if not str(path).startswith("hf:") else None
+    return root is not None and (root / "queries.jsonl").exists() and (root / "corpus.jsonl").exists()
+
+
+def beir_pairs(source: str, split: str):
+    """(Ray Dataset of (query text, judged document text) for every qrels pair of ``split`` scored above 0,
+    DataReport): the corpus streamed by Ray Data, only its judged documents reaching the driver; a document reads
+    "title text", as the index holds it (so a query's judged documents are known positives, never its negatives)."""
+    import ray
+
+    from data_pipelines.readers import DataReport
+    from evaluation.retrieval import read_task
+    from evaluation.retrieval_suite import corpus_dataset
+
+    task = read_task(source, split)
+    judged = {doc for docs in task.qrels.values() for doc, grade in docs.items() if grade > 0}
+    found = corpus_dataset(source).filter(lambda row: row["id"] in judged).take_all()
+    text_of = {row["id"]: row["text"] for row in found}
+    missing = judged - set(text_of)
+    if missing:
+        raise ValueError(f"{source}: qrels/{split} judge {len(missing)} document(s) its corpus lacks, e.g. "
+                         f"{sorted(missing)[:3]}")
+    pairs = [{"text1": text, "text2": text_of[doc]} for query, text in zip(task.query_ids, task.query_texts)
+             for doc, grade in task.qrels[query].items() if grade > 0]
+    print(f"[raoe] {source}: {len(pairs)} (query, judged document) pairs of {len(task.query_ids)} queries "
+          f"(qrels/{split})", flush=True)
+    return ray.data.from_items(pairs), DataReport(rows_in=len(pairs), rows_written=len(pairs), format="beir")
+
+
 def query_positive_pairs(data_cfg, quarantine_path: Path):
-    """(Ray Dataset of text1, text2 pairs, DataReport, the data's cache key)."""
+    """(Ray Dataset of text1, text2 pairs, DataReport, the data's cache key); a BEIR folder gives its qrels' pairs."""
     import pyarrow.compute as pc
+
+    if is_beir_folder(data_cfg.train):
+        split = data_cfg.split or "train"
+        ds, report = beir_pairs(data_cfg.train, split)
+        return ds, report, "beir " + json.dumps([file_identity(storage_path(data_cfg.train) / name) for name in
+                                                  ("queries.jsonl", f"qrels/{split}.tsv")])
 
     kind = labelled_or_plain(data_cfg.train, data_cfg.format)
     fmt = data_cfg.format if kind == "pairs" or data_cfg.format in ("triplets_jsonl", "parquet") else "auto"

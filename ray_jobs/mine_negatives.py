@@ -7,8 +7,10 @@ pair, {query, positives: [positive], negatives: [up to mining.negatives_per_row,
 negative_scores}, JSON lines under output_path, that Stage 1 trains supervised InfoNCE on (data.format: groups_jsonl,
 data.group_size, objective infonce).
 
-data.train: (query, positive) rows ({text1, text2} or {query | anchor, positive} JSON lines, Parquet, hf:<dataset>)
-or labelled NLI pairs (SNLI/SentEval/pairs JSON lines), of which the entailment pairs are the (query, positive) pairs.
+data.train: (query, positive) rows ({text1, text2} or {query | anchor, positive} JSON lines, Parquet, hf:<dataset>),
+labelled NLI pairs (SNLI/SentEval/pairs JSON lines), of which the entailment pairs are the (query, positive) pairs,
+or a BEIR folder (queries.jsonl, qrels/<data.split, default train>.tsv, corpus.jsonl): every judged (query, document)
+pair, mined among that corpus unless mining.corpus names another.
 
   python ray_jobs/mine_negatives.py --config configs/retrieval/mine-snli-minilm-cpu.yaml
   python ray_jobs/mine_negatives.py --config configs/tiny/mine_negatives.yaml --set mining.margin=0.9
@@ -93,7 +95,10 @@ def main(cfg: MineJobConfig) -> dict:
     started = time.time()
     with ray_session(outputs={"output_path": out, **index_outputs()}, shared_filesystem=cfg.shared_filesystem):
         pairs, report, data_key = query_positive_pairs(cfg.data, join(beside, f"{name}-quarantine.jsonl"))
-        corpus, corpus_key = mining_corpus(pairs, cfg.mining.corpus, cfg.mining.corpus_format, data_key)
+        from data_pipelines.mining import is_beir_folder
+
+        among = cfg.mining.corpus or (cfg.data.train if is_beir_folder(cfg.data.train) else None)
+        corpus, corpus_key = mining_corpus(pairs, among, cfg.mining.corpus_format, data_key)
         index = corpus_index(corpus, model_path, corpus_key, pool=pool, batch_size=cfg.mining.batch_size,
                              keep_text=True)
         print(f"[raoe] mining negatives for {report.rows_written} rows against {index.rows} corpus texts "

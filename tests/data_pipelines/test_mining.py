@@ -190,3 +190,32 @@ def test_mined_triplets_without_a_negative_are_refused_by_name(ray_local):
     cfg = SimpleNamespace(data=SimpleNamespace(train="mined.jsonl"))
     with pytest.raises(ValueError, match="1 rows of mined.jsonl have no 'negative'"):
         mined_with_negatives(rows, cfg, "")
+
+
+def test_a_beir_folder_mines_groups_for_its_judged_pairs_among_its_corpus(ray_local, tmp_path, monkeypatch):
+    """data.train a BEIR folder: every (query, judged document) pair of qrels/train (grade > 0) is mined among the
+    folder's corpus, documents read "title text"; no group holds a document judged for its query as a negative."""
+    from tests.evaluation.test_retrieval import write_beir
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
+    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(4)
+    corpus = {f"d{i}": " ".join(rng.choice(WORDS, size=5)) for i in range(30)}
+    queries = {f"q{i}": " ".join(rng.choice(WORDS, size=3)) for i in range(8)}
+    qrels = [(f"q{i}", f"d{(3 * i + j) % 30}", 1 + j) for i in range(8) for j in range(2)] + [("q0", "d29", 0)]
+    folder = write_beir(tmp_path / "beir", corpus, queries, qrels, split="train")
+    titled = {d: f"{'' if i % 2 else 't'} {t}".strip() for i, (d, t) in enumerate(corpus.items())}  # as written
+    job = _mine_job()
+    cfg = job.MineJobConfig(data={"train": str(folder)}, output_path=str(tmp_path / "mined"), cpus_per_actor=0.5,
+                            mining={"model": "tiny:bert", "top_k": 10, "margin": -2.0, "margin_type": "absolute",
+                                    "negatives_per_row": 3}, tracking={"experiment": "raoe-test"})
+    result = job.main(cfg)
+    written = [json.loads(line) for f in sorted(Path(result["output_path"]).glob("*.json*")) for line in open(f)]
+    judged = {(queries[q], titled[d]) for q, d, g in qrels if g > 0}
+    assert result["pairs_in"] == len(judged) == 16 and result["corpus_rows"] == 30
+    assert {(g["query"], g["positives"][0]) for g in written} == judged  # a margin of -2 keeps every candidate
+    for group in written:
+        own = {t for q, t in judged if q == group["query"]}
+        assert len(group["negatives"]) == 3 and not own & set(group["negatives"])
+        assert set(group["negatives"]) <= set(titled.values())
