@@ -23,8 +23,8 @@ DIM = 128
 DENSE_LIMIT = 16384  # B x B float32 masks beyond this need > 1 GB each
 
 
-def build(name: str, batch: int):
-    """A closure computing loss(embeddings) for objective ``name`` and its inputs."""
+def build(name: str, batch: int, device="cpu"):
+    """A closure computing loss(embeddings) for objective ``name`` and its inputs (on ``device``)."""
     import torch
 
     from objectives import angle_ibn_loss, angle_loss, cosent_loss, gated_angle_loss, infonce_loss, rank_margin_loss
@@ -34,11 +34,15 @@ def build(name: str, batch: int):
     e2 = torch.randn(batch, DIM, generator=g)
     scores = torch.rand(batch, generator=g)
     labels = torch.randint(0, 3, (batch,), generator=g)
+    e1, e2, scores, labels = (t.to(device) for t in (e1, e2, scores, labels))
 
     from objectives._common import pair_cosine as cos  # what the composite's EmbeddingBatch.cosines() uses
 
     if name == "st_cosent":
-        from sentence_transformers.sentence_transformer.losses import CoSENTLoss
+        try:
+            from sentence_transformers.sentence_transformer.losses import CoSENTLoss
+        except ImportError:  # sentence-transformers before 6.1 (the GPU machine's 6.0.1)
+            from sentence_transformers.losses import CoSENTLoss
 
         st = CoSENTLoss(torch.nn.Identity(), scale=20.0)
         fn = lambda a, b: st.compute_loss_from_embeddings([a, b], scores)
