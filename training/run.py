@@ -567,7 +567,8 @@ def _history(folder: Path) -> list[dict[str, Any]]:
 
 def _worker_env() -> dict[str, str]:
     env = worker_env()
-    # DeepSpeed compiles its ops once (25-80 s here): keep them in a cache every worker shares.
+    # An op DeepSpeed compiles (25-80 s here; none on raoe's own path, see strategy.without_inference_shm_op) is
+    # kept in a cache every worker shares.
     env.setdefault("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR", str(cache_root() / "torch_extensions")))
     # Train v2 tees every print of a worker to its logger as well as to stdout: each progress line came out twice.
     env.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")

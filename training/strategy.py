@@ -175,6 +175,19 @@ def weights_only_checkpoint_engine(config):
     return WeightsOnlyCheckpointEngine(config)
 
 
+SHM_OP = "deepspeed_shm_comm"
+
+
+def without_inference_shm_op() -> None:
+    """DeepSpeed's communication backend compiles its shared-memory all-reduce with g++ the first time it starts on a
+    CPU node (35-80 s per node and per fresh cache here) though only ``inference_all_reduce`` uses it; training's
+    collectives are the process group's. Marking the op unavailable (DeepSpeed keeps the probed table in
+    ``deepspeed.ops``, meant to be edited) skips the build; every collective raoe issues is unchanged."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__[SHM_OP] = False
+
+
 class DeepSpeedStrategy:
     """``deepspeed.initialize`` in the loop (not Ray's prepare_model), on the process group Ray Train opened.
     The optimizer is torch's AdamW, so nothing needs DeepSpeed's compiled CPU-Adam; ZeRO shards its state."""
@@ -184,6 +197,7 @@ class DeepSpeedStrategy:
     def __init__(self, model, trainer: TrainerConfig, plan, world: int, additions: ModelAdditions | None = None):
         import deepspeed
 
+        without_inference_shm_op()
         self.model = model
         additions = additions or ModelAdditions()  # a kind's trainable state beside the encoder, if any
         self.watched = additions.watched

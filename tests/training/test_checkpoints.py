@@ -72,11 +72,15 @@ def one_rank_group():
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
-def test_deepspeed_checkpoints_load_weights_only(tmp_path, one_rank_group, zero_stage):
+def test_deepspeed_checkpoints_load_weights_only(tmp_path, one_rank_group, zero_stage, monkeypatch):
     """DeepSpeed's own engine unpickles anything (torch.load(weights_only=False)); raoe's loads every ZeRO stage's
     files weights-only: the optimizer state comes back exactly, and a checkpoint carrying a code-running object is
-    refused before the object is built."""
+    refused before the object is built. Starting DeepSpeed compiles nothing: its inference-only shared-memory
+    all-reduce (35-80 s of g++ in a fresh extensions cache) is not built."""
     import pickle
+
+    extensions = tmp_path / "torch_extensions"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
 
     from jobconfig.schema import TrainerConfig
     from training.strategy import DeepSpeedStrategy, check_zero_partitions
@@ -115,3 +119,4 @@ def test_deepspeed_checkpoints_load_weights_only(tmp_path, one_rank_group, zero_
     with pytest.raises(pickle.UnpicklingError, match="weights_only"):
         strategy(2).load(tmp_path)
     assert not marker.exists()
+    assert not extensions.exists()
