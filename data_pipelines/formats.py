@@ -368,6 +368,21 @@ FIELDS = {
 }
 
 
+def groups_without_negatives(table):
+    """Which query groups of an Arrow batch hold no negative (an empty or missing list): mining does not write them,
+    and training with data.group_size above 1 leaves them out."""
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.equal(pc.list_value_length(table["negatives"]), 0), True)
+
+
+def keep_groups_with_negatives(table):
+    """An Arrow batch of query groups without the ones that hold no negative."""
+    import pyarrow.compute as pc
+
+    return table.filter(pc.invert(groups_without_negatives(table)))
+
+
 def group_table(columns: dict[str, list]):
     """Query groups as an Arrow table of fixed types (lists of texts and of scores), whatever a batch holds: a
     batch whose lists are all empty would otherwise give list<null> columns that other batches' do not join."""

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from data_pipelines.corpus_cache import corpus_key
-from data_pipelines.formats import group_table, has_nli_labels
+from data_pipelines.formats import group_table, has_nli_labels, keep_groups_with_negatives
 from data_pipelines.readers import corpus_files, load_corpus
 from data_pipelines.records import LABELS
 from encoders.devices import EncoderPool, actor_device, pool_resources
@@ -245,7 +245,7 @@ def mining_report(mined) -> dict:
 
     def reduce(table):
         stats = [json.loads(s) for s in table["batch_stats"].to_pylist() if s]
-        written = table.filter(_with_negatives(table))
+        written = keep_groups_with_negatives(table)
         flat = lambda name: pa.compute.list_flatten(written[name]).to_numpy(zero_copy_only=False)  # noqa: E731
         return pa.table({"pairs": [sum(s["pairs"] for s in stats)],
                          "without_negative": [sum(s["without_negative"] for s in stats)],
@@ -265,16 +265,10 @@ def mining_report(mined) -> dict:
                           "negative": np.sum([p["neg"] for p in parts], axis=0).astype(int).tolist()}}
 
 
-def _with_negatives(table):
-    import pyarrow.compute as pc
-
-    return pc.greater(pc.list_value_length(table["negatives"]), 0)
-
-
 def write_mined(mined, output_path: str) -> None:
     """The groups that kept a negative, as JSON lines {query, positives, negatives, positive_scores,
     negative_scores} (a folder of files; Stage 1 trains them with data.format groups_jsonl)."""
-    rows = mined.map_batches(lambda t: t.filter(_with_negatives(t)).select(list(GROUP_COLUMNS)),
+    rows = mined.map_batches(lambda t: keep_groups_with_negatives(t).select(list(GROUP_COLUMNS)),
                              batch_format="pyarrow")
     rows.write_json(output_path)
 

@@ -189,11 +189,20 @@ def _is_good(table):
 
 def count_where(ds, predicate) -> int:
     """Rows of ``ds`` where ``predicate`` (an Arrow table -> boolean array) holds, batch by batch."""
+    return counts_where(ds, n=predicate)["n"]
+
+
+def counts_where(ds, **predicates) -> dict[str, int]:
+    """In one pass over ``ds``: its rows (``rows``) and, for each named predicate (an Arrow table -> boolean array),
+    the rows where it holds. One pass, not one per count: at 100M rows each pass reads the whole corpus."""
     import pyarrow as pa
 
-    counted = ds.map_batches(lambda table: pa.table({"n": [len(table.filter(predicate(table)))]}),
-                             batch_format="pyarrow")
-    return sum(int(row["n"]) for row in counted.take_all())  # a row per batch: no aggregation shuffle
+    def count(table):
+        return pa.table({"rows": [table.num_rows],
+                         **{name: [len(table.filter(holds(table)))] for name, holds in predicates.items()}})
+
+    counted = ds.map_batches(count, batch_format="pyarrow").take_all()  # a row per batch: no aggregation shuffle
+    return {name: sum(int(row[name]) for row in counted) for name in ("rows", *predicates)}
 
 
 def _count_records(table):

@@ -118,9 +118,10 @@ def test_groups_read_from_json_lines_and_parquet(ray_local, tmp_path):
         assert [list(r["negatives"]) for r in rows] == [g["negatives"] for g in groups]
 
 
-def test_distillation_needs_every_group_scored(ray_local):
+def test_distillation_needs_every_group_scored(ray_local, capsys):
     """A distillation objective reads the groups' teacher scores: groups without them are refused by count before
-    training; without such an objective the scores stay behind."""
+    training; without such an objective the scores stay behind. With data.group_size above 1 a group without
+    negatives is left out and counted (all of them: refused); with group_size 1 it trains on in-batch negatives."""
     from types import SimpleNamespace
 
     import ray
@@ -129,16 +130,23 @@ def test_distillation_needs_every_group_scored(ray_local):
 
     rows = [{"query": "q1", "positives": ["p1"], "negatives": ["n1"], "positive_scores": [0.9],
              "negative_scores": [0.2]},
-            {"query": "q2", "positives": ["p2"], "negatives": ["n2"], "positive_scores": None, "negative_scores": None}]
+            {"query": "q2", "positives": ["p2"], "negatives": ["n2"], "positive_scores": None, "negative_scores": None},
+            {"query": "q3", "positives": ["p3"], "negatives": [], "positive_scores": [0.8], "negative_scores": []}]
     ds = ray.data.from_items(rows)
 
-    def cfg(weights):
+    def cfg(weights, texts_per_group=2):
         return SimpleNamespace(objective=SimpleNamespace(weights=weights),
-                               data=SimpleNamespace(train="groups.jsonl", texts_per_group=2))
+                               data=SimpleNamespace(train="groups.jsonl", texts_per_group=texts_per_group))
 
     with pytest.raises(ValueError, match="1 query groups of groups.jsonl carry no teacher scores"):
         groups_with_negatives(ds, cfg({"infonce": 1.0, "margin_mse": 1.0}), "")
-    assert groups_with_negatives(ds, cfg({"infonce": 1.0}), "").columns() == ["query", "positives", "negatives"]
+    kept = groups_with_negatives(ds, cfg({"infonce": 1.0}), "")
+    assert kept.columns() == ["query", "positives", "negatives"]
+    assert sorted(row["query"] for row in kept.take_all()) == ["q1", "q2"]
+    assert "1 of 3 query groups have no negative: left out" in capsys.readouterr().out
+    assert groups_with_negatives(ds, cfg({"infonce": 1.0}, texts_per_group=1), "").count() == 3
+    with pytest.raises(ValueError, match="none of the 1 query groups of groups.jsonl has a negative"):
+        groups_with_negatives(ray.data.from_items(rows[2:]), cfg({"infonce": 1.0}), "")
 
 
 def test_the_source_schedule_is_a_seeded_draw_by_weight_whatever_the_run_length():

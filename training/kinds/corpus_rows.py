@@ -5,7 +5,8 @@ teacher scores the lists on actors (training.kinds.lists)."""
 
 from __future__ import annotations
 
-from data_pipelines.readers import count_where
+from data_pipelines.formats import groups_without_negatives, keep_groups_with_negatives
+from data_pipelines.readers import count_where, counts_where
 from data_pipelines.relations import load_triples, prepare_triples_ds
 from data_pipelines.triplets import nli_triplets
 from objectives.catalog import CATALOG
@@ -34,12 +35,6 @@ def mined_with_negatives(ds, cfg, start_model: str):
     return ds
 
 
-def _without_negatives(table):
-    import pyarrow.compute as pc
-
-    return pc.fill_null(pc.equal(pc.list_value_length(table["negatives"]), 0), True)
-
-
 def _without_teacher_scores(table):
     import pyarrow.compute as pc
 
@@ -53,15 +48,19 @@ def groups_with_negatives(ds, cfg, start_model: str):
     distilled = any("teacher_scores" in CATALOG[n].requires for n, w in cfg.objective.weights.items() if w)
     ds = ds.select_columns(["query", "positives", "negatives"]
                            + (["positive_scores", "negative_scores"] if distilled else []))
-    if distilled:
-        unscored = count_where(ds, _without_teacher_scores)
-        if unscored:
-            raise ValueError(f"{unscored} query groups of {cfg.data.train} carry no teacher scores (positive_scores, "
-                             f"negative_scores), which the distillation objective reads: score them with "
-                             f"ray_jobs/annotate.py, or mine them with ray_jobs/mine_negatives.py (it writes them)")
-    if cfg.data.texts_per_group == 1:
+    drawn = cfg.data.texts_per_group > 1
+    if not (distilled or drawn):
         return ds
-    total, missing = ds.count(), count_where(ds, _without_negatives)
+    checks = {**({"unscored": _without_teacher_scores} if distilled else {}),
+              **({"missing": groups_without_negatives} if drawn else {})}
+    counts = counts_where(ds, **checks)  # one pass over the corpus, whatever is checked
+    if counts.get("unscored"):
+        raise ValueError(f"{counts['unscored']} query groups of {cfg.data.train} carry no teacher scores "
+                         f"(positive_scores, negative_scores), which the distillation objective reads: score them "
+                         f"with ray_jobs/annotate.py, or mine them with ray_jobs/mine_negatives.py (it writes them)")
+    if not drawn:
+        return ds
+    total, missing = counts["rows"], counts["missing"]
     if missing == total:
         raise ValueError(f"none of the {total} query groups of {cfg.data.train} has a negative; data.group_size "
                          f"{cfg.data.texts_per_group} needs them: mine them (ray_jobs/mine_negatives.py) or set "
@@ -69,14 +68,8 @@ def groups_with_negatives(ds, cfg, start_model: str):
     if missing:
         print(f"[raoe] {missing} of {total} query groups have no negative: left out (data.group_size "
               f"{cfg.data.texts_per_group} needs them)", flush=True)
-        ds = ds.map_batches(_with_negatives, batch_format="pyarrow")
+        ds = ds.map_batches(keep_groups_with_negatives, batch_format="pyarrow")
     return ds
-
-
-def _with_negatives(table):
-    import pyarrow.compute as pc
-
-    return table.filter(pc.invert(_without_negatives(table)))
 
 
 def sentences_only(ds, cfg, start_model: str):
@@ -96,7 +89,8 @@ def _without_negative(table):
 def sentences_with_negatives(ds, cfg, start_model: str):
     """Every sentence trains, with or without its aligned negative (the paper trains SimCSE+SAN on all of Wiki1M;
     HiNCE leaves a missing negative out of the softmax). A corpus with none is refused: it would be plain SimCSE."""
-    total, missing = ds.count(), count_where(ds, _without_negative)
+    counts = counts_where(ds, missing=_without_negative)  # one pass over the corpus
+    total, missing = counts["rows"], counts["missing"]
     if missing == total:
         raise ValueError(f"the {total} sentences of {cfg.data.train} have no 'negative'; the objective (hince) needs "
                          f"aligned negatives: generate them with ray_jobs/generate_san.py")
