@@ -67,10 +67,14 @@ def is_beir_folder(path: str) -> bool:
     return root is not None and (root / "queries.jsonl").exists() and (root / "corpus.jsonl").exists()
 
 
+JOIN_PAIRS_PER_PARTITION = 100_000
+
+
 def beir_pairs(source: str, split: str):
     """(Ray Dataset of (query text, judged document text) for every qrels pair of ``split`` scored above 0,
-    DataReport): the corpus streamed by Ray Data, only its judged documents reaching the driver; a document reads
-    "title text", as the index holds it (so a query's judged documents are known positives, never its negatives)."""
+    DataReport): the qrels' pairs joined with the corpus by Ray Data, so no document text reaches the driver (which
+    holds the queries and qrels, as evaluation does); a document reads "title text", as the index holds it (so a
+    query's judged documents are known positives, never its negatives)."""
     import ray
 
     from data_pipelines.readers import DataReport
@@ -78,18 +82,22 @@ def beir_pairs(source: str, split: str):
     from evaluation.retrieval_suite import corpus_dataset
 
     task = read_task(source, split)
-    judged = {doc for docs in task.qrels.values() for doc, grade in docs.items() if grade > 0}
-    found = corpus_dataset(source).filter(lambda row: row["id"] in judged).take_all()
-    text_of = {row["id"]: row["text"] for row in found}
-    missing = judged - set(text_of)
-    if missing:
-        raise ValueError(f"{source}: qrels/{split} judge {len(missing)} document(s) its corpus lacks, e.g. "
-                         f"{sorted(missing)[:3]}")
-    pairs = [{"text1": text, "text2": text_of[doc]} for query, text in zip(task.query_ids, task.query_texts)
-             for doc, grade in task.qrels[query].items() if grade > 0]
-    print(f"[raoe] {source}: {len(pairs)} (query, judged document) pairs of {len(task.query_ids)} queries "
+    rows = [{"text1": text, "id": doc} for query, text in zip(task.query_ids, task.query_texts)
+            for doc, grade in task.qrels[query].items() if grade > 0]
+    documents = corpus_dataset(source).rename_columns({"text": "text2"})
+    # Partitions sized to the pairs (each joins ~100k pairs with their documents), up to Ray Data's shuffle width.
+    partitions = max(1, min(ray.data.DataContext.get_current().default_hash_shuffle_parallelism,
+                            -(-len(rows) // JOIN_PAIRS_PER_PARTITION)))
+    pairs = ray.data.from_items(rows).join(documents, join_type="inner", num_partitions=partitions,
+                                           on=("id",)).materialize()
+    found = pairs.count()
+    if found < len(rows):  # the error path alone brings the found ids to the driver, to name the missing ones
+        missing = {row["id"] for row in rows} - {row["id"] for row in pairs.select_columns(["id"]).take_all()}
+        raise ValueError(f"{source}: qrels/{split} judge document(s) its corpus lacks ({len(rows) - found} of "
+                         f"{len(rows)} judged pairs), e.g. {sorted(missing)[:3]}")
+    print(f"[raoe] {source}: {found} (query, judged document) pairs of {len(task.query_ids)} queries "
           f"(qrels/{split})", flush=True)
-    return ray.data.from_items(pairs), DataReport(rows_in=len(pairs), rows_written=len(pairs), format="beir")
+    return pairs.select_columns(["text1", "text2"]), DataReport(rows_in=found, rows_written=found, format="beir")
 
 
 def query_positive_pairs(data_cfg, quarantine_path: Path):

@@ -194,7 +194,9 @@ def test_mined_triplets_without_a_negative_are_refused_by_name(ray_local):
 
 def test_a_beir_folder_mines_groups_for_its_judged_pairs_among_its_corpus(ray_local, tmp_path, monkeypatch):
     """data.train a BEIR folder: every (query, judged document) pair of qrels/train (grade > 0) is mined among the
-    folder's corpus, documents read "title text"; no group holds a document judged for its query as a negative."""
+    folder's corpus, documents read "title text"; no group holds a document judged for its query as a negative.
+    Qrels that judge a document the corpus lacks are refused with its id."""
+    from data_pipelines.mining import beir_pairs
     from tests.evaluation.test_retrieval import write_beir
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -219,3 +221,7 @@ def test_a_beir_folder_mines_groups_for_its_judged_pairs_among_its_corpus(ray_lo
         own = {t for q, t in judged if q == group["query"]}
         assert len(group["negatives"]) == 3 and not own & set(group["negatives"])
         assert set(group["negatives"]) <= set(titled.values())
+
+    lacking = write_beir(tmp_path / "lacking", corpus, queries, [*qrels, ("q1", "d99", 1)], split="train")
+    with pytest.raises(ValueError, match=r"corpus lacks \(1 of 17 judged pairs\), e.g. \['d99'\]"):
+        beir_pairs(str(lacking), "train")
