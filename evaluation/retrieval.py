@@ -1,6 +1,11 @@
-"""Retrieval tasks in the BEIR layout and their metrics, as BEIR reports them (pytrec_eval's definitions):
-nDCG@10 with graded gains, MRR@10, Recall@10, Recall@100 and MAP@100, each a mean over the queries that have a
-relevant document, as fractions in [0, 1].
+"""Retrieval tasks in the BEIR layout and their metrics, as BEIR's ``EvaluateRetrieval`` reports them (pytrec_eval's
+definitions): nDCG@10 with graded gains, MRR@10, Recall@10, Recall@100 and MAP@100, each a mean over every judged
+query, as fractions in [0, 1]. BEIR's conventions, each tested against the ``beir`` package and pytrec_eval:
+- a document whose id is the query's id is not a hit (``ignore_identical_ids``, on by default as in BEIR: ArguAna
+  and Quora hold each query in the corpus);
+- a document id the corpus holds twice counts once, at its best score (BEIR reads the corpus into a dict);
+- a query whose judgements are all 0 counts, with every metric 0;
+- documents of equal score rank by document id, the higher id first (trec_eval's order).
 
 A BEIR folder holds ``corpus.jsonl`` ({_id, title, text}), ``queries.jsonl`` ({_id, text}) and
 ``qrels/<split>.tsv`` (query-id, corpus-id, score; a header line; score > 0 is relevant). ``hf:<dataset>`` reads
@@ -20,7 +25,10 @@ from evaluation.figures import pyplot, save_figure
 from storage.paths import storage_path
 
 METRICS = ("ndcg@10", "mrr@10", "recall@10", "recall@100", "map@100")
-DEPTH = 100  # documents retrieved per query: the deepest cut of METRICS
+DEPTH = 100  # documents ranked per query: the deepest cut of METRICS
+# Documents searched per query: DEPTH and room for what the ranking drops (the query's own id, an id held twice) and
+# for ties at the cut, which rank by document id only once all of them are in.
+SEARCH_DEPTH = DEPTH + 10
 HUB_PREFIX = "hf:"
 
 
@@ -36,7 +44,8 @@ class RetrievalTask:
     source: str
     query_ids: list[str]
     query_texts: list[str]
-    qrels: dict[str, dict[str, int]]  # query id -> {corpus id: relevance > 0}
+    qrels: dict[str, dict[str, int]]  # query id -> {corpus id: relevance >= 0}; a query judged only 0 counts as 0
+    ignore_identical_ids: bool = True  # BEIR's default: a document with the query's id is never a hit
 
 
 def corpus_text(record: dict) -> str:
@@ -62,7 +71,8 @@ def _jsonl(path, required: tuple[str, ...]):
 
 
 def read_qrels(path) -> dict[str, dict[str, int]]:
-    """``query-id, corpus-id, score`` rows (tab-separated, header line optional); only score > 0 is kept."""
+    """``query-id, corpus-id, score`` rows (tab-separated, header line optional); score > 0 is relevant, and a query
+    judged only 0 (or below, read as 0) is kept: BEIR scores it 0."""
     path = storage_path(path)
     if not path.exists():
         raise BeirFormatError(f"{path}: missing qrels file (qrels/<split>.tsv)")
@@ -78,14 +88,13 @@ def read_qrels(path) -> dict[str, dict[str, int]]:
                 score = int(float(parts[2]))
             except ValueError:
                 raise BeirFormatError(f"{path}:{line_no}: score {parts[2]!r} is not a number") from None
-            if score > 0:
-                qrels.setdefault(parts[0], {})[parts[1]] = score
+            qrels.setdefault(parts[0], {})[parts[1]] = max(score, 0)
     return qrels
 
 
-def read_task(source: str, split: str = "test", name: str | None = None,
-              max_queries: int | None = None) -> RetrievalTask:
-    """Queries (those with a relevant document, in file order, the first ``max_queries``) and qrels of a task."""
+def read_task(source: str, split: str = "test", name: str | None = None, max_queries: int | None = None,
+              ignore_identical_ids: bool = True) -> RetrievalTask:
+    """Queries (those with judgements, in file order, the first ``max_queries``) and qrels of a task."""
     if source.startswith(HUB_PREFIX):
         queries, qrels = _hub_queries_qrels(source.removeprefix(HUB_PREFIX), split)
     else:
@@ -98,7 +107,7 @@ def read_task(source: str, split: str = "test", name: str | None = None,
                               f"e.g. {unknown[:3]}")
     ids = [q for q in queries if q in qrels][:max_queries]
     return RetrievalTask(name or task_name(source), source, ids, [queries[q] for q in ids],
-                         {q: qrels[q] for q in ids})
+                         {q: qrels[q] for q in ids}, ignore_identical_ids)
 
 
 def task_name(source: str) -> str:
@@ -129,8 +138,8 @@ class RetrievalDevSet:
 
 
 def read_dev_set(source: str, split: str = "test", name: str | None = None, max_queries: int | None = None,
-                 max_documents: int = DEV_MAX_DOCUMENTS) -> RetrievalDevSet:
-    task = read_task(source, split, name, max_queries)
+                 max_documents: int = DEV_MAX_DOCUMENTS, ignore_identical_ids: bool = True) -> RetrievalDevSet:
+    task = read_task(source, split, name, max_queries, ignore_identical_ids)
     ids, texts = [], []
     for doc_id, text in read_corpus(source):
         if len(ids) == max_documents:
@@ -148,8 +157,8 @@ def dev_ndcg_at_10(encode, dev: RetrievalDevSet) -> float:
 
     corpus = normalised(encode(dev.corpus_texts, "document"))
     queries = normalised(encode(dev.task.query_texts, "query"))
-    _, rows = exact_top_k(queries, corpus, DEPTH)
-    ranked = rankings(dev.task.query_ids, rows, lambda found: [dev.corpus_ids[r] for r in found])
+    scores, rows = exact_top_k(queries, corpus, SEARCH_DEPTH)
+    ranked = rankings(dev.task, scores, rows, lambda found: [dev.corpus_ids[r] for r in found])
     return 100 * score_rankings(dev.task, ranked)[0]["ndcg@10"]
 
 
@@ -173,21 +182,22 @@ def _hub_queries_qrels(dataset: str, split: str):
     for r in rows:
         qid = str(r.get("query-id", r.get("query_id")))
         did = str(r.get("corpus-id", r.get("corpus_id")))
-        score = int(r.get("score", 1))
-        if score > 0:
-            qrels.setdefault(qid, {})[did] = score
+        qrels.setdefault(qid, {})[did] = max(int(r.get("score", 1)), 0)
     return queries, qrels
 
 
 # --- metrics -----------------------------------------------------------------------------------------------------
 
-def query_metrics(ranked: list[str], relevant: dict[str, int]) -> dict[str, float]:
-    """The five metrics of one query from its ranked document ids (best first, at least DEPTH when there are)."""
-    gains = [relevant.get(doc, 0) for doc in ranked[:DEPTH]]
+def query_metrics(ranked: list[str], judged: dict[str, int]) -> dict[str, float]:
+    """The five metrics of one query from its ranked document ids (best first, at least DEPTH when there are); 0
+    for a query with no relevant document, as pytrec_eval gives."""
+    gains = [judged.get(doc, 0) for doc in ranked[:DEPTH]]
     hits = [g > 0 for g in gains]
-    n_relevant = sum(1 for g in relevant.values() if g > 0)
+    n_relevant = sum(1 for g in judged.values() if g > 0)
+    if not n_relevant:
+        return dict.fromkeys(METRICS, 0.0)
     dcg = sum(g / math.log2(i + 2) for i, g in enumerate(gains[:10]))
-    ideal = sorted(relevant.values(), reverse=True)[:10]
+    ideal = sorted(judged.values(), reverse=True)[:10]
     idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
     first = next((i for i, h in enumerate(hits[:10]) if h), None)
     precisions, found = [], 0
@@ -195,7 +205,7 @@ def query_metrics(ranked: list[str], relevant: dict[str, int]) -> dict[str, floa
         if hit:
             found += 1
             precisions.append(found / (i + 1))
-    return {"ndcg@10": dcg / idcg if idcg else 0.0,
+    return {"ndcg@10": dcg / idcg,
             "mrr@10": 0.0 if first is None else 1.0 / (first + 1),
             "recall@10": sum(hits[:10]) / n_relevant,
             "recall@100": sum(hits[:100]) / n_relevant,
@@ -207,12 +217,27 @@ def task_metrics(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
     return {m: float(np.mean([q[m] for q in per_query.values()])) if per_query else 0.0 for m in METRICS}
 
 
-def rankings(query_ids: list[str], rows: np.ndarray, ids_of) -> dict[str, list[str]]:
-    """Query id -> document ids best first, from a search's row numbers (-1 where fewer were found); ``ids_of``
-    maps the found row numbers (all queries' at once, row-major) to their ids in one lookup."""
+def beir_ranking(query_id: str, hits: list[tuple[str, float]], ignore_identical_ids: bool = True) -> list[str]:
+    """The DEPTH document ids BEIR and pytrec_eval rank from ``hits`` ((id, score), best first): without the query's
+    own id (when ignored), each id once at its first, best score, and equal scores by document id, the higher
+    first."""
+    best: dict[str, float] = {}
+    for doc, score in hits:
+        if doc not in best and not (ignore_identical_ids and doc == query_id):
+            best[doc] = score
+    ranked = sorted(best, reverse=True)  # ties: the higher document id first ...
+    ranked.sort(key=best.__getitem__, reverse=True)  # ... kept by a stable sort on the score
+    return ranked[:DEPTH]
+
+
+def rankings(task: RetrievalTask, scores: np.ndarray, rows: np.ndarray, ids_of) -> dict[str, list[str]]:
+    """Query id -> document ids best first (``beir_ranking``), from a search's scores and row numbers of each query
+    of ``task`` (-1 where fewer were found); ``ids_of`` maps the found row numbers (all queries' at once, row-major)
+    to their ids in one lookup."""
     found = rows >= 0
     ids = iter(ids_of(rows[found]))
-    return {q: [next(ids) for _ in range(int(n))] for q, n in zip(query_ids, found.sum(axis=1))}
+    return {q: beir_ranking(q, [(next(ids), float(s)) for s in row_scores[: int(n)]], task.ignore_identical_ids)
+            for q, n, row_scores in zip(task.query_ids, found.sum(axis=1), scores)}
 
 
 def score_rankings(task: RetrievalTask, ranked: dict[str, list[str]]) -> tuple[dict[str, float], dict]:

@@ -10,8 +10,8 @@ import numpy as np
 from encoders.devices import EncoderPool
 from evaluation.corpus_index import CorpusIndex, corpus_index, file_fingerprint, index_outputs
 from evaluation.retrieval import (
-    DEPTH,
     HUB_PREFIX,
+    SEARCH_DEPTH,
     BeirFormatError,
     RetrievalTask,
     corpus_text,
@@ -68,7 +68,7 @@ def corpus_key(source: str) -> str:
     return source if source.startswith(HUB_PREFIX) else file_fingerprint(storage_path(source) / "corpus.jsonl")
 
 
-def search_index(index: CorpusIndex, query_embeddings: np.ndarray, k: int = DEPTH,
+def search_index(index: CorpusIndex, query_embeddings: np.ndarray, k: int = SEARCH_DEPTH,
                  dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k corpus rows of each (unit-length) query embedding, shard by shard; at the leading ``dim``
     dimensions of both, renormalised, when given (the index holds the whole embeddings)."""
@@ -97,8 +97,8 @@ def evaluate_task(model_path: str, task: RetrievalTask, *, pool: EncoderPool, ba
         cache[task.name] = normalised(ray_encode(model_path, task.query_texts, batch_size=batch_size, pool=pool,
                                                  side="query"))
     queries = cache[task.name]
-    _, rows = search_index(index, queries, dim=dim)
-    ranked = rankings(task.query_ids, rows, lambda found: index.take("id", found))
+    scores, rows = search_index(index, queries, dim=dim)
+    ranked = rankings(task, scores, rows, lambda found: index.take("id", found))
     means, queries_scored = score_rankings(task, ranked)
     if per_query is not None:
         per_query[task.name] = queries_scored
@@ -113,7 +113,7 @@ def evaluate_retrieval(model_path: str, tasks, *, pool: EncoderPool, batch_size:
     queries' embeddings between sizes)."""
     results = {}
     for spec in tasks:
-        task = read_task(spec.source, spec.split, spec.name, spec.max_queries)
+        task = read_task(spec.source, spec.split, spec.name, spec.max_queries, spec.ignore_identical_ids)
         results[task.name] = evaluate_task(model_path, task, pool=pool, batch_size=batch_size, per_query=per_query,
                                            dim=dim, queries_cache=queries_cache)
     return results

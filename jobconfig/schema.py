@@ -343,6 +343,9 @@ class RetrievalTaskConfig(Section):
     split: str = Field("test", description="qrels split (qrels/<split>.tsv)")
     name: str | None = Field(None, description="name in results and promotion rules; null = the folder's name")
     max_queries: int | None = Field(None, ge=1, description="score only the first N queries with judgements")
+    ignore_identical_ids: bool = Field(
+        True, description="a document whose id is the query's id is never a hit (BEIR's default; ArguAna and Quora "
+                          "hold each query in the corpus)")
 
     @model_validator(mode="before")
     @classmethod

@@ -269,7 +269,8 @@ def _dev_set(cfg: TrainJobConfig) -> tuple[Any, str, str]:
     set, else STS-B dev under eval.data_dir (None when absent)."""
     task = cfg.eval.dev_retrieval
     if task is not None:
-        dev = read_dev_set(task.source, task.split, task.task_name, task.max_queries)
+        dev = read_dev_set(task.source, task.split, task.task_name, task.max_queries,
+                           ignore_identical_ids=task.ignore_identical_ids)
         print(f"[raoe] checkpoints selected by {dev.task.name} nDCG@10: {len(dev.task.query_ids)} queries, "
               f"{len(dev.corpus_ids):,} documents", flush=True)
         return dev, RETRIEVAL_DEV_METRIC, f"{dev.task.name} nDCG@10"

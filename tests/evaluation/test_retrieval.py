@@ -50,6 +50,61 @@ def test_metrics_equal_pytrec_eval():
     assert 0.0 < means["ndcg@10"] < 1.0
 
 
+def _beir_cases(rng):
+    """A search over rows whose ids hold every case where BEIR's rules matter, and random queries beside them:
+    q0 is a corpus id and its own best hit; q1's best hit is a document held twice; q2 is judged only 0; q3's
+    relevant "c" ties with "d" (the higher id ranks first, whatever the row order); q4 has more relevant documents
+    than DEPTH."""
+    fillers = [f"e{i:03d}" for i in range(140)]
+    ids = ["q0", "a", "b", "b", "c", "d", *fillers]
+    queries = [f"q{i}" for i in range(16)]
+    scores = rng.random((len(queries), len(ids))).astype(np.float32) * 0.4  # distinct below the planted hits
+    scores[:, 3] = scores[:, 2]  # "b" twice: a repeated corpus line, the same text and score
+    plant = {"q0": {"q0": 0.9, "a": 0.8}, "q1": {"b": 0.9, "c": 0.7, "d": 0.6}, "q3": {"c": 0.5, "d": 0.5}}
+    for q, hits in plant.items():
+        for doc, score in hits.items():
+            scores[queries.index(q), [r for r, i in enumerate(ids) if i == doc]] = score
+    qrels = {"q0": {"a": 1}, "q1": {"c": 2, "d": 1}, "q2": {"a": 0}, "q3": {"c": 1},
+             "q4": {doc: 1 for doc in fillers[:120]}}
+    for q in queries[5:]:
+        qrels[q] = {str(d): int(rng.integers(0, 3)) for d in rng.choice(ids[1:], size=4, replace=False)}
+    return ids, queries, scores, qrels
+
+
+@pytest.mark.parametrize("ignore_identical_ids", [True, False])
+def test_metrics_equal_beir_evaluate_retrieval(ignore_identical_ids):
+    """The five means equal the beir package's EvaluateRetrieval (pytrec_eval underneath, its MRR beside) on a
+    search whose hits hold a query's own id, an id held twice, a query judged only 0 and ties, from the search's
+    first SEARCH_DEPTH rows (ties at the cut by the lower row, as RunningTopK keeps them) where BEIR reads every
+    score. BEIR's MRR follows its results' order among equal scores (its search leaves that to a heap): they are
+    given in trec_eval's order, the one raoe uses for all five metrics."""
+    from beir.retrieval.evaluation import EvaluateRetrieval
+
+    from evaluation.retrieval import SEARCH_DEPTH, rankings
+
+    rng = np.random.default_rng(7)
+    ids, queries, scores, qrels = _beir_cases(rng)
+    task = RetrievalTask("cases", "-", queries, queries, qrels, ignore_identical_ids)
+    order = np.lexsort((np.arange(len(ids))[None].repeat(len(queries), 0), -scores), axis=1)[:, :SEARCH_DEPTH]
+    ranked = rankings(task, np.take_along_axis(scores, order, 1), order, lambda found: [ids[r] for r in found])
+    means, per_query = score_rankings(task, ranked)
+
+    results = {q: dict(sorted(((ids[r], float(scores[i, r])) for r in range(len(ids))),
+                              key=lambda hit: (-hit[1], tuple(-ord(c) for c in hit[0]))))
+               for i, q in enumerate(queries)}
+    ndcg, _map, recall, _ = EvaluateRetrieval.evaluate(qrels, results, [10, 100], ignore_identical_ids)
+    mrr = EvaluateRetrieval.evaluate_custom(qrels, results, [10], "mrr")
+    beir = {"ndcg@10": ndcg["NDCG@10"], "recall@10": recall["Recall@10"], "recall@100": recall["Recall@100"],
+            "map@100": _map["MAP@100"], "mrr@10": mrr["MRR@10"]}
+    assert means == pytest.approx(beir, abs=1e-5)  # BEIR rounds to 5 decimals
+    # each case is exercised: the rule decides the figure
+    assert per_query["q0"]["ndcg@10"] == (1.0 if ignore_identical_ids else pytest.approx(1 / np.log2(3)))
+    assert ranked["q1"][:3] == ["b", "c", "d"]  # "b" once
+    assert per_query["q2"] == dict.fromkeys(per_query["q2"], 0.0) and "q2" in per_query
+    assert ranked["q3"][:2] == ["d", "c"] and per_query["q3"]["mrr@10"] == 0.5
+    assert 0 < per_query["q4"]["recall@100"] < 1
+
+
 def test_an_index_looks_rows_up_shard_by_shard_without_holding_its_columns(tmp_path):
     """Shards of unequal sizes written as the actors write them; ``take`` returns the ids and texts of any rows,
     in the asked order, repeats included, and names a row outside the index."""
@@ -114,8 +169,9 @@ def test_reader_keeps_judged_queries_and_names_bad_lines(tmp_path):
     folder = write_beir(tmp_path / "t", {"a": "x", "b": "y"}, {"q1": "one", "q2": "two", "q3": "three"},
                         [("q1", "a", 1), ("q2", "b", 0), ("q3", "b", 2)])
     task = read_task(str(folder), max_queries=5)
-    assert task.query_ids == ["q1", "q3"]  # q2 has only a non-relevant judgement
-    assert task.qrels == {"q1": {"a": 1}, "q3": {"b": 2}}
+    assert task.query_ids == ["q1", "q2", "q3"]  # q2 has only a non-relevant judgement: BEIR counts it, as 0
+    assert task.qrels == {"q1": {"a": 1}, "q2": {"b": 0}, "q3": {"b": 2}}
+    assert read_task(str(folder), max_queries=2).query_ids == ["q1", "q2"]
     (folder / "queries.jsonl").write_text('{"_id": "q1", "text": "one"}\n{"_id": "q3"}\n')
     with pytest.raises(BeirFormatError, match=r"queries.jsonl:2: missing field\(s\) \['text'\]"):
         read_task(str(folder))
