@@ -49,13 +49,13 @@ def run_raoe(pairs_file: Path, out: Path, actors: int) -> dict:
     import mine_negatives
 
     cfg = mine_negatives.MineJobConfig(
-        data={"train": str(pairs_file)}, output_path=str(out), actors=actors, cpus_per_actor=1.0,
+        data={"train": str(pairs_file)}, output_dir=str(out), actors=actors, cpus_per_actor=1.0,
         mining={"model": MODEL, "top_k": TOP_K, "margin": MARGIN, "margin_type": "relative", "negatives_per_row": 1,
                 "batch_size": 128, "queries_per_batch": 512}, tracking={"experiment": "bench-mining"})
     started = time.time()
     result = mine_negatives.main(cfg)
     result["wall_s"] = time.time() - started
-    rows = [json.loads(line) for f in sorted(out.glob("*.json*")) for line in open(f)]
+    rows = [json.loads(line) for f in sorted((out / "data").glob("*.json*")) for line in open(f)]
     result["negatives"] = {(r["query"], r["positives"][0]): r["negatives"][0] for r in rows}  # query groups
     return result
 

@@ -74,8 +74,8 @@ def run_jobs(max_rows: int) -> dict:
             timed("student", evaluate + dims + ["--set", f"model.source={STUDENT}"])
             timed("teacher", evaluate + ["--set", f"model.source={TEACHER}"])
             timed("mine", ["ray_jobs/mine_negatives.py", "--config", MINE, "--set", f"data.train={data / 'snli'}",
-                           "--set", f"output_path={tmp / 'mined'}", *cap])
-            timed("score", ["ray_jobs/annotate.py", "--config", SCORE, "--set", f"data.train={tmp / 'mined'}",
+                           "--set", f"output_dir={tmp / 'mined'}", *cap])
+            timed("score", ["ray_jobs/annotate.py", "--config", SCORE, "--set", f"data.train={tmp / 'mined' / 'data'}",
                             "--set", f"output_dir={tmp / 'scored'}"])
             timed("train", ["ray_jobs/stage1.py", "--config", TRAIN, "--set", f"data.train={tmp / 'scored' / 'data'}",
                             "--set", f"eval.data_dir={data / 'senteval'}", "--set", f"trainer.storage_path={tmp / 'runs'}",

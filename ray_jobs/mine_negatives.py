@@ -4,7 +4,7 @@ found by exact search, its known positives are dropped, and a candidate is kept 
 positive's score (mining.margin_type relative: score <= margin x positive score, NV-Retriever's TopK-PercPos;
 absolute: score <= positive score - margin), optionally re-scored by mining.teacher. Writes a query group per
 pair, {query, positives: [positive], negatives: [up to mining.negatives_per_row, hardest first], positive_scores,
-negative_scores}, JSON lines under output_path, that Stage 1 trains supervised InfoNCE on (data.format: groups_jsonl,
+negative_scores}, JSON lines under <output_dir>/data, that Stage 1 trains supervised InfoNCE on (data.format: groups_jsonl,
 data.group_size, objective infonce).
 
 data.train: (query, positive) rows ({text1, text2} or {query | anchor, positive} JSON lines, Parquet, hf:<dataset>),
@@ -16,9 +16,10 @@ pair, mined among that corpus unless mining.corpus names another.
   python ray_jobs/mine_negatives.py --config configs/tiny/mine_negatives.yaml --set mining.margin=0.9
 """
 
+import sys
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from jobconfig import parse_job_args
@@ -58,11 +59,24 @@ class MiningConfig(Section):
 class MineJobConfig(EncoderPoolSection):
     data: MiningDataConfig
     mining: MiningConfig = Field(default_factory=MiningConfig)
-    output_path: OutputPath = Field("outputs/mined/negatives", validate_default=True,
-                                    description="folder of JSON-lines files of query groups {query, positives, "
-                                    "negatives, positive_scores, negative_scores}; " + RELATIVE)
+    output_dir: OutputPath = Field("outputs/mined/negatives", validate_default=True,
+                                   description="what the job writes: data/ (JSON-lines files of query groups {query, "
+                                   "positives, negatives, positive_scores, negative_scores}), scores.png and the "
+                                   "quarantine of bad rows; " + RELATIVE)
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-mining"))
     shared_filesystem: SharedFilesystem = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _output_path_was_renamed(cls, values):
+        """``output_path`` was this job's name for ``output_dir`` (every other job's): still read, with a word."""
+        if isinstance(values, dict) and "output_path" in values:
+            if "output_dir" in values:
+                raise ValueError("output_path and output_dir both set: output_path is the old name of output_dir")
+            values = {k: v for k, v in values.items() if k != "output_path"} | {"output_dir": values["output_path"]}
+            print(f"[raoe] mine_negatives: output_path is deprecated, read as output_dir={values['output_dir']!r} "
+                  f"(the groups go under <output_dir>/data, as in every job)", file=sys.stderr, flush=True)
+        return values
 
 
 def main(cfg: MineJobConfig) -> dict:
@@ -87,14 +101,14 @@ def main(cfg: MineJobConfig) -> dict:
 
     model_path = resolve_model(cfg.mining.model)  # fails here, before any Ray resource, if it cannot be found
     teacher_path = resolve_model(cfg.mining.teacher) if cfg.mining.teacher else None
-    out = cfg.output_path.rstrip("/")  # a local folder (made absolute by the config) or an object-store URI
-    beside, name = out.rpartition("/")[::2]  # the quarantine and the plot go next to the output folder
+    out = cfg.output_dir.rstrip("/")  # a local folder (made absolute by the config) or an object-store URI
+    data = join(out, "data")  # the groups; the quarantine and the plot beside them
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     gpus_wanted_here({"gpus_per_actor": cfg.gpus_per_actor})
     pool = cfg.encoder_pool()
     started = time.time()
-    with ray_session(outputs={"output_path": out, **index_outputs()}, shared_filesystem=cfg.shared_filesystem):
-        pairs, report, data_key = query_positive_pairs(cfg.data, join(beside, f"{name}-quarantine.jsonl"))
+    with ray_session(outputs={"output_dir": out, **index_outputs()}, shared_filesystem=cfg.shared_filesystem):
+        pairs, report, data_key = query_positive_pairs(cfg.data, join(out, "quarantine.jsonl"))
         from data_pipelines.mining import is_beir_folder
 
         among = cfg.mining.corpus or (cfg.data.train if is_beir_folder(cfg.data.train) else None)
@@ -108,15 +122,15 @@ def main(cfg: MineJobConfig) -> dict:
                                   cfg.mining.batch_size, cfg.gpus_per_actor)
         mined = mine(pairs, index, settings, pool, cfg.mining.queries_per_batch)
         counts = mining_report(mined)
-        remove_tree(storage_path(out))
-        write_mined(mined, out)  # by the tasks holding the rows, on any node
+        remove_tree(storage_path(data))
+        write_mined(mined, data)  # by the tasks holding the rows, on any node
     seconds = time.time() - started
-    with staged_folder(beside) as staged:  # the plot is drawn on local disk, kept beside the output, logged from there
-        picture = plot_scores(counts["histogram"], staged.local / f"{name}-scores.png",
+    with staged_folder(out) as staged:  # the plot is drawn on local disk, kept beside the data, logged from there
+        picture = plot_scores(counts["histogram"], staged.local / "scores.png",
                               f"{cfg.mining.model}: positives vs kept negatives ({cfg.mining.margin_type} "
                               f"{cfg.mining.margin})")
         staged.publish()
-        result = {"output_path": out, "rows_in": report.rows_in, "rows_quarantined": report.rows_quarantined,
+        result = {"output_path": data, "rows_in": report.rows_in, "rows_quarantined": report.rows_quarantined,
                   **{k: v for k, v in counts.items() if k != "histogram"}, "corpus_rows": index.rows,
                   "index_path": index.location, "seconds": seconds, "pairs_per_second": counts["pairs_in"] / seconds,
                   "histogram": counts["histogram"], "plot": staged.final(picture)}

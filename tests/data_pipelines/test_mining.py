@@ -86,7 +86,7 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
     teacher = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32, pooling="last_token"),
                              tmp_path / "teacher")
     job = _mine_job()
-    cfg = job.MineJobConfig(data={"train": str(data)}, output_path=str(tmp_path / "mined"), cpus_per_actor=0.5,
+    cfg = job.MineJobConfig(data={"train": str(data)}, output_dir=str(tmp_path / "mined"), cpus_per_actor=0.5,
                             mining={"model": str(model), "corpus": str(corpus), "top_k": 40, "margin": margin,
                                     "margin_type": margin_type, "negatives_per_row": 2, "queries_per_batch": 4,
                                     "teacher": str(teacher)},
@@ -132,7 +132,7 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_lo
     source = ROOT / "configs" / "tiny" / "data" / "nli_pairs.jsonl"
     rows = [json.loads(line) for line in open(source)]
     entailed = {(r["text1"], r["text2"]) for r in rows if r["label"] == "entailment"}
-    cfg = job.MineJobConfig(data={"train": str(source)}, output_path=s3.uri("mined"), cpus_per_actor=0.5,
+    cfg = job.MineJobConfig(data={"train": str(source)}, output_dir=s3.uri("mined"), cpus_per_actor=0.5,
                             mining={"model": "tiny:bert", "top_k": 40, "margin": 0.01, "margin_type": "absolute",
                                     "negatives_per_row": 2}, tracking={"experiment": "raoe-test"})
     result = job.main(cfg)
@@ -141,7 +141,7 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_lo
                                             40, 0.01, "absolute", 2)
     assert result["rows_in"] == len(rows) and result["pairs_in"] == len(entailed)
     assert result["corpus_rows"] == len({p for _, p in entailed})
-    assert result["output_path"] == s3.uri("mined") and result["plot"] == s3.uri("mined-scores.png")
+    assert result["output_path"] == s3.uri("mined/data") and result["plot"] == s3.uri("mined/scores.png")
     assert result["index_path"].startswith(s3.uri("indexes/")) and len(list((tmp_path / "node").glob("index-*/"))) == 1
     assert storage_path(result["plot"]).read_bytes().startswith(b"\x89PNG")
     ds, report = load_corpus("groups", result["output_path"], fmt="groups_jsonl")
@@ -192,6 +192,17 @@ def test_mined_triplets_without_a_negative_are_refused_by_name(ray_local):
         mined_with_negatives(rows, cfg, "")
 
 
+def test_the_old_output_path_key_is_read_as_output_dir_with_a_word(capsys):
+    from pydantic import ValidationError
+
+    job = _mine_job()
+    cfg = job.MineJobConfig(data={"train": "pairs.jsonl"}, output_path="s3://bucket/mined")
+    assert cfg.output_dir == "s3://bucket/mined"
+    assert "output_path is deprecated, read as output_dir='s3://bucket/mined'" in capsys.readouterr().err
+    with pytest.raises(ValidationError, match="output_path and output_dir both set"):
+        job.MineJobConfig(data={"train": "pairs.jsonl"}, output_path="a", output_dir="b")
+
+
 def test_a_beir_folder_mines_groups_for_its_judged_pairs_among_its_corpus(ray_local, tmp_path, monkeypatch):
     """data.train a BEIR folder: every (query, judged document) pair of qrels/train (grade > 0) is mined among the
     folder's corpus, documents read "title text"; no group holds a document judged for its query as a negative.
@@ -209,7 +220,7 @@ def test_a_beir_folder_mines_groups_for_its_judged_pairs_among_its_corpus(ray_lo
     folder = write_beir(tmp_path / "beir", corpus, queries, qrels, split="train")
     titled = {d: f"{'' if i % 2 else 't'} {t}".strip() for i, (d, t) in enumerate(corpus.items())}  # as written
     job = _mine_job()
-    cfg = job.MineJobConfig(data={"train": str(folder)}, output_path=str(tmp_path / "mined"), cpus_per_actor=0.5,
+    cfg = job.MineJobConfig(data={"train": str(folder)}, output_dir=str(tmp_path / "mined"), cpus_per_actor=0.5,
                             mining={"model": "tiny:bert", "top_k": 10, "margin": -2.0, "margin_type": "absolute",
                                     "negatives_per_row": 3}, tracking={"experiment": "raoe-test"})
     result = job.main(cfg)
