@@ -5,7 +5,7 @@ on the same pairs, model and settings, in the same run.
 
 Pairs: SNLI dev's (premise, entailment hypothesis) pairs (``--pairs`` caps them; 0 = all); corpus: their distinct
 positives (both tools' default); the MiniLM student; top 30 candidates, a candidate kept when its score is at most
-0.95 x the positive's (raoe ``margin_type: relative, margin: 0.95``; sentence-transformers ``relative_margin: 0.05``),
+0.95 x the query's lowest positive (``relative_margin: 0.05`` in both tools),
 one negative per pair, exact search (no FAISS). raoe runs in-process on a local Ray with ``--actors`` encoder actors
 of 1 CPU each (its pool is how it uses the cores; sentence-transformers encodes in this process with every core);
 its time counts everything from reading the pairs to writing the rows, with a cold corpus index, then once more with
@@ -50,7 +50,7 @@ def run_raoe(pairs_file: Path, out: Path, actors: int) -> dict:
 
     cfg = mine_negatives.MineJobConfig(
         data={"train": str(pairs_file)}, output_dir=str(out), actors=actors, cpus_per_actor=1.0,
-        mining={"model": MODEL, "top_k": TOP_K, "margin": MARGIN, "margin_type": "relative", "negatives_per_row": 1,
+        mining={"model": MODEL, "range_max": TOP_K, "relative_margin": round(1 - MARGIN, 6), "negatives_per_row": 1,
                 "batch_size": 128, "queries_per_batch": 512}, tracking={"experiment": "bench-mining"})
     started = time.time()
     result = mine_negatives.main(cfg)

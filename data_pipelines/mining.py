@@ -1,11 +1,19 @@
-"""Hard-negative mining on Ray Data: for (query, positive) pairs and a corpus, the corpus is encoded once into a
-cached index (evaluation.corpus_index), each query's top ``top_k`` corpus texts are found by exact search, its known
-positives (every text paired with the same query) and the query itself are dropped, and a candidate is kept only
-under a margin against the positive's score: ``score <= margin x positive score`` (relative, NV-Retriever's
-TopK-PercPos) or ``score <= positive score - margin`` (absolute). Scores come from the mining model, or from a
-teacher bi-encoder that re-scores the candidates and positives. Each pair gives one query group ``{query,
-positives: [positive], negatives: [...]}`` with up to ``negatives_per_row`` negatives, hardest first, and the scores
-that kept them (``positive_scores``, ``negative_scores``).
+"""Hard-negative mining on Ray Data, with sentence-transformers' ``mine_hard_negatives`` rules and names: for
+(query, positive) pairs and a corpus, the corpus is encoded once into a cached index (evaluation.corpus_index), each
+query's first ``range_max`` corpus texts by exact search are its candidates once its known positives (every text
+paired with the same query) and the query itself are dropped. Against the query's lowest positive score ``p`` a
+candidate is kept only at ``score <= p - absolute_margin`` and ``score <= p - |p| x relative_margin`` (sign-safe),
+and within ``[min_score, max_score]``; the first ``range_min`` kept candidates are skipped, then the hardest
+``negatives_per_row`` are taken (``sampling: top``) or that many drawn at random (``random``, seeded by the query).
+Scores come from the mining model, or from a teacher bi-encoder that re-scores the candidates and positives (the
+candidates are then ranked by its scores). Each query gives one query group ``{query, positives, negatives}`` with
+the scores that kept them (``positive_scores``, ``negative_scores``).
+
+Where raoe differs from sentence-transformers: the query's own text is never its negative; a group is kept with
+fewer negatives than asked (sentence-transformers' n-tuples drop it); the candidates are the first ``range_max``
+after the query's known positives, before any margin (sentence-transformers searches ``range_max`` + the dataset's
+largest number of positives per query, and keeps ``range_max`` of them after the margins: its pool depends on the
+other queries); with a teacher, those candidates are re-scored.
 
 Reading, encoding, searching and writing run in Ray Data; the driver only sees per-batch counts."""
 
@@ -33,17 +41,48 @@ GROUP_COLUMNS = ("query", "positives", "negatives", "positive_scores", "negative
 
 @dataclass(frozen=True)
 class MiningSettings:
-    """What a mining actor needs; typed, so it crosses into Ray's actors as one object."""
+    """What a mining actor needs; typed, so it crosses into Ray's actors as one object. The rules are
+    sentence-transformers' ``mine_hard_negatives`` arguments of the same names (``negatives_per_row`` is its
+    ``num_negatives``, ``sampling`` its ``sampling_strategy``)."""
 
     model_path: str
     index_path: str
-    top_k: int = 50
-    margin: float = 0.95
-    margin_type: str = "relative"
+    range_max: int = 50
+    range_min: int = 0
+    absolute_margin: float | None = None
+    relative_margin: float | None = 0.05
+    max_score: float | None = None
+    min_score: float | None = None
     negatives_per_row: int = 1
+    sampling: str = "top"
+    seed: int = 42
     teacher_path: str | None = None
     batch_size: int = 64
     gpus: float = 0.0
+
+    def allowed(self, scores: np.ndarray, lowest_positive: float) -> np.ndarray:
+        """Which candidate scores pass the margins against the query's lowest positive and the score bounds."""
+        keep = np.ones(len(scores), dtype=bool)
+        if self.absolute_margin is not None:
+            keep &= scores + self.absolute_margin <= lowest_positive
+        if self.relative_margin is not None:
+            keep &= scores <= lowest_positive - abs(lowest_positive) * self.relative_margin
+        if self.max_score is not None:
+            keep &= scores <= self.max_score
+        if self.min_score is not None:
+            keep &= scores >= self.min_score
+        return keep
+
+    def pick(self, ranked: list[int], scores: np.ndarray, query: str) -> list[int]:
+        """The negatives among ``ranked`` (allowed candidates, hardest first), after skipping ``range_min``: the
+        hardest ``negatives_per_row``, or that many at random (seeded by the query's text: any actor draws the same),
+        hardest first."""
+        ranked = ranked[self.range_min:]
+        if self.sampling == "top" or len(ranked) <= self.negatives_per_row:
+            return ranked[: self.negatives_per_row]
+        key = int.from_bytes(hashlib.sha1(query.encode("utf-8")).digest()[:8], "little")
+        drawn = np.random.default_rng([self.seed, key]).choice(len(ranked), self.negatives_per_row, replace=False)
+        return sorted((ranked[i] for i in drawn), key=lambda j: -scores[j])
 
 
 def labelled_or_plain(path: str, fmt: str) -> str:
@@ -192,15 +231,15 @@ class NegativeMiner:
         return normalised(inference_embeddings(model, texts, self.s.batch_size, side))
 
     def __call__(self, batch: dict[str, np.ndarray]):
-        """A group per (query, positive) pair of a batch of queries, then one row without a negative carrying the
-        batch's counts."""
+        """A group per query of a batch (each with every known positive), then one row without a negative carrying
+        the batch's counts."""
         from evaluation.search import RunningTopK
 
         queries = [str(q) for q in batch["text1"]]
         positives = [list(p) for p in batch["positives"]]
         q_emb = self._embed(self.model, queries, "query")
         widest = max(len(p) for p in positives) + 1  # room for the known positives and the query itself
-        best = RunningTopK(len(queries), min(self.s.top_k + widest, max(1, self.index.rows)))
+        best = RunningTopK(len(queries), min(self.s.range_max + widest, max(1, self.index.rows)))
         for offset, shard in self.index.shards():
             best.add(q_emb, shard, offset)
         scores, rows = best.result()
@@ -211,26 +250,27 @@ class NegativeMiner:
         flat = [p for known in positives for p in known]
         p_scorer = np.split(self._embed(scorer, flat, "document"), np.cumsum([len(k) for k in positives])[:-1])
         out = {k: [] for k in GROUP_COLUMNS + ("batch_stats",)}
-        stats = {"pairs": 0, "without_negative": 0, "dropped_by_margin": 0}
+        stats = {"queries": 0, "pairs": 0, "without_negative": 0, "dropped_by_margin": 0}
         for i, (query, known) in enumerate(zip(queries, positives)):
             excluded = set(known) | {query}
             found = [(text_of[r], s) for r, s in zip(rows[i].tolist(), scores[i]) if r >= 0 and text_of[r] not in excluded]
-            candidates = [t for t, _ in found[: self.s.top_k]]
+            candidates = [t for t, _ in found[: self.s.range_max]]
             if self.teacher is not None and candidates:
                 cand_scores = self._embed(self.teacher, candidates, "document") @ q_scorer[i]
             else:
-                cand_scores = np.asarray([s for _, s in found[: self.s.top_k]], dtype=np.float32)
-            for positive, pos_score in zip(known, p_scorer[i] @ q_scorer[i]):
-                limit = self.s.margin * pos_score if self.s.margin_type == "relative" else pos_score - self.s.margin
-                keep = [j for j, score in enumerate(cand_scores) if score <= limit]
-                stats["pairs"] += 1
-                stats["dropped_by_margin"] += len(candidates) - len(keep)
-                stats["without_negative"] += not keep
-                kept = keep[: self.s.negatives_per_row]
-                for key, value in (("query", query), ("positives", [positive]),
-                                   ("negatives", [candidates[j] for j in kept]), ("positive_scores", [float(pos_score)]),
-                                   ("negative_scores", [float(cand_scores[j]) for j in kept]), ("batch_stats", "")):
-                    out[key].append(value)
+                cand_scores = np.asarray([s for _, s in found[: self.s.range_max]], dtype=np.float32)
+            pos_scores = p_scorer[i] @ q_scorer[i]
+            allowed = self.s.allowed(cand_scores, float(pos_scores.min()))
+            ranked = [int(j) for j in np.argsort(-cand_scores, kind="stable") if allowed[j]]
+            kept = self.s.pick(ranked, cand_scores, query)
+            stats["queries"] += 1
+            stats["pairs"] += len(known)
+            stats["dropped_by_margin"] += len(candidates) - len(ranked)
+            stats["without_negative"] += not kept
+            for key, value in (("query", query), ("positives", known), ("negatives", [candidates[j] for j in kept]),
+                               ("positive_scores", [float(p) for p in pos_scores]),
+                               ("negative_scores", [float(cand_scores[j]) for j in kept]), ("batch_stats", "")):
+                out[key].append(value)
         for key, value in (("query", ""), ("positives", []), ("negatives", []), ("positive_scores", []),
                            ("negative_scores", []), ("batch_stats", json.dumps(stats))):
             out[key].append(value)
@@ -255,7 +295,7 @@ def mining_report(mined) -> dict:
         stats = [json.loads(s) for s in table["batch_stats"].to_pylist() if s]
         written = keep_groups_with_negatives(table)
         flat = lambda name: pa.compute.list_flatten(written[name]).to_numpy(zero_copy_only=False)  # noqa: E731
-        return pa.table({"pairs": [sum(s["pairs"] for s in stats)],
+        return pa.table({"queries": [sum(s["queries"] for s in stats)], "pairs": [sum(s["pairs"] for s in stats)],
                          "without_negative": [sum(s["without_negative"] for s in stats)],
                          "dropped_by_margin": [sum(s["dropped_by_margin"] for s in stats)],
                          "written": [written.num_rows], "negatives": [len(flat("negatives"))],
@@ -263,7 +303,7 @@ def mining_report(mined) -> dict:
                          "neg": [np.histogram(flat("negative_scores"), HISTOGRAM_BINS)[0].tolist()]})
 
     parts = mined.map_batches(reduce, batch_format="pyarrow", batch_size=None).take_all()
-    return {"pairs_in": sum(int(p["pairs"]) for p in parts),
+    return {"pairs_in": sum(int(p["pairs"]) for p in parts), "queries_in": sum(int(p["queries"]) for p in parts),
             "rows_written": sum(int(p["written"]) for p in parts),
             "negatives_written": sum(int(p["negatives"]) for p in parts),
             "rows_without_negative": sum(int(p["without_negative"]) for p in parts),

@@ -1,11 +1,12 @@
-"""Mine hard negatives for (query, positive) pairs on Ray Data: the corpus (mining.corpus, default the pairs'
-positives) is encoded once by an actor pool into a cached index, each query's top mining.top_k corpus texts are
-found by exact search, its known positives are dropped, and a candidate is kept only under a margin against the
-positive's score (mining.margin_type relative: score <= margin x positive score, NV-Retriever's TopK-PercPos;
-absolute: score <= positive score - margin), optionally re-scored by mining.teacher. Writes a query group per
-pair, {query, positives: [positive], negatives: [up to mining.negatives_per_row, hardest first], positive_scores,
-negative_scores}, JSON lines under <output_dir>/data, that Stage 1 trains supervised InfoNCE on (data.format: groups_jsonl,
-data.group_size, objective infonce).
+"""Mine hard negatives for (query, positive) pairs on Ray Data, by sentence-transformers' mine_hard_negatives rules
+and names: the corpus (mining.corpus, default the pairs' positives) is encoded once by an actor pool into a cached
+index; each query's first mining.range_max corpus texts by exact search, its known positives and itself left out,
+are its candidates; a candidate is kept only below the query's lowest positive score p by mining.absolute_margin
+(score <= p - margin) and mining.relative_margin (score <= p - |p| x margin), and within mining.min_score /
+max_score; the first mining.range_min kept are skipped and mining.negatives_per_row taken, the hardest
+(mining.sampling top) or at random (random, seeded). Scores may come from mining.teacher. Writes a query group per
+query, {query, positives, negatives, positive_scores, negative_scores}, JSON lines under <output_dir>/data, that
+Stage 1 trains supervised InfoNCE on (data.format: groups_jsonl, data.group_size, objective infonce).
 
 data.train: (query, positive) rows ({text1, text2} or {query | anchor, positive} JSON lines, Parquet, hf:<dataset>),
 labelled NLI pairs (SNLI/SentEval/pairs JSON lines), of which the entailment pairs are the (query, positive) pairs,
@@ -13,7 +14,7 @@ or a BEIR folder (queries.jsonl, qrels/<data.split, default train>.tsv, corpus.j
 pair, mined among that corpus unless mining.corpus names another.
 
   python ray_jobs/mine_negatives.py --config configs/retrieval/mine-snli-minilm-cpu.yaml
-  python ray_jobs/mine_negatives.py --config configs/tiny/mine_negatives.yaml --set mining.margin=0.9
+  python ray_jobs/mine_negatives.py --config configs/tiny/mine_negatives.yaml --set mining.relative_margin=0.1
 """
 
 import sys
@@ -44,16 +45,59 @@ class MiningConfig(Section):
     corpus: str | None = Field(None, description="where negatives come from: sentences (txt, or JSON lines with text) "
                                "or a BEIR folder; null = the pairs' positives")
     corpus_format: Literal["auto", "txt", "jsonl", "parquet"] = Field("auto", description="reader of mining.corpus")
-    top_k: int = Field(50, ge=1, description="candidates per query from exact search (after its known positives)")
-    margin: float = Field(0.95, description="relative: keep score <= margin x positive score; absolute: keep score "
-                          "<= positive score - margin")
-    margin_type: Literal["relative", "absolute"] = Field("relative", description="how margin is applied")
-    negatives_per_row: int = Field(1, ge=1, description="negatives kept in each pair's group, hardest first (a "
-                                   "group of data.group_size trains on group_size - 1 of them per step)")
+    range_max: int = Field(50, ge=1, description="candidates per query: the first range_max by exact search, after "
+                           "its known positives and itself")
+    range_min: int = Field(0, ge=0, description="the first range_min candidates that pass the margins are skipped "
+                           "(likely unjudged positives)")
+    absolute_margin: float | None = Field(None, ge=0, le=2, description="keep score <= p - absolute_margin, p the "
+                                          "query's lowest positive score; null = none")
+    relative_margin: float | None = Field(0.05, ge=0, lt=1, description="keep score <= p - |p| x relative_margin "
+                                          "(0.05: at least 5% of the positive's magnitude below it); null = none")
+    max_score: float | None = Field(None, description="keep score <= max_score; null = none")
+    min_score: float | None = Field(None, description="keep score >= min_score; null = none")
+    negatives_per_row: int = Field(1, ge=1, description="negatives kept in each query's group (sentence-transformers' "
+                                   "num_negatives; a group of data.group_size trains on group_size - 1 per step)")
+    sampling: Literal["top", "random"] = Field("top", description="top: the hardest negatives_per_row; random: that "
+                                               "many drawn among the kept candidates (FlagEmbedding's guard against "
+                                               "unjudged positives), seeded by mining.seed and the query")
+    seed: int = Field(42, description="seed of sampling: random")
     teacher: str | None = Field(None, description="a bi-encoder that re-scores candidates and positives (the margin "
                                 "then applies to its scores); null = the mining model's scores")
     batch_size: int = Field(64, ge=1, description="texts per encoder call")
     queries_per_batch: int = Field(256, ge=1, description="queries a mining actor searches at once")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, values):
+        """top_k, margin and margin_type were this job's names before it took sentence-transformers': still read,
+        with a word. The old relative margin kept score <= margin x p; relative_margin = 1 - margin keeps the same
+        where p > 0, and is sign-safe where p < 0."""
+        if not isinstance(values, dict) or not {"top_k", "margin", "margin_type"} & set(values):
+            return values
+        values = dict(values)
+        if "top_k" in values:
+            values.setdefault("range_max", values.pop("top_k"))
+        if "margin" in values:
+            margin, kind = values.pop("margin"), values.pop("margin_type", "relative")
+            values["relative_margin" if kind == "relative" else "absolute_margin"] = (
+                1 - float(margin) if kind == "relative" else margin)
+            if kind != "relative":
+                values.setdefault("relative_margin", None)
+        values.pop("margin_type", None)
+        print(f"[raoe] mining.top_k / margin / margin_type are deprecated: read as range_max="
+              f"{values.get('range_max')}, absolute_margin={values.get('absolute_margin')}, relative_margin="
+              f"{values.get('relative_margin', 0.05)}", file=sys.stderr, flush=True)
+        return values
+
+    @model_validator(mode="after")
+    def _room_for_negatives(self):
+        if self.range_min >= self.range_max:
+            raise ValueError(f"mining.range_min ({self.range_min}) must be below mining.range_max ({self.range_max})")
+        room = self.range_max - self.range_min
+        if self.negatives_per_row > room:
+            raise ValueError(f"mining.negatives_per_row ({self.negatives_per_row}) exceeds the {room} candidates "
+                             f"between range_min ({self.range_min}) and range_max ({self.range_max})")
+        return self
 
 
 class MineJobConfig(EncoderPoolSection):
@@ -115,11 +159,12 @@ def main(cfg: MineJobConfig) -> dict:
         corpus, corpus_key = mining_corpus(pairs, among, cfg.mining.corpus_format, data_key)
         index = corpus_index(corpus, model_path, corpus_key, pool=pool, batch_size=cfg.mining.batch_size,
                              keep_text=True)
+        m = cfg.mining
         print(f"[raoe] mining negatives for {report.rows_written} rows against {index.rows} corpus texts "
-              f"(top {cfg.mining.top_k}, {cfg.mining.margin_type} margin {cfg.mining.margin}) ...", flush=True)
-        settings = MiningSettings(model_path, index.location, cfg.mining.top_k, cfg.mining.margin,
-                                  cfg.mining.margin_type, cfg.mining.negatives_per_row, teacher_path,
-                                  cfg.mining.batch_size, cfg.gpus_per_actor)
+              f"({_rules(m)}) ...", flush=True)
+        settings = MiningSettings(model_path, index.location, m.range_max, m.range_min, m.absolute_margin,
+                                  m.relative_margin, m.max_score, m.min_score, m.negatives_per_row, m.sampling, m.seed,
+                                  teacher_path, m.batch_size, cfg.gpus_per_actor)
         mined = mine(pairs, index, settings, pool, cfg.mining.queries_per_batch)
         counts = mining_report(mined)
         remove_tree(storage_path(data))
@@ -127,8 +172,7 @@ def main(cfg: MineJobConfig) -> dict:
     seconds = time.time() - started
     with staged_folder(out) as staged:  # the plot is drawn on local disk, kept beside the data, logged from there
         picture = plot_scores(counts["histogram"], staged.local / "scores.png",
-                              f"{cfg.mining.model}: positives vs kept negatives ({cfg.mining.margin_type} "
-                              f"{cfg.mining.margin})")
+                              f"{cfg.mining.model}: positives vs kept negatives ({_rules(cfg.mining)})")
         staged.publish()
         result = {"output_path": data, "rows_in": report.rows_in, "rows_quarantined": report.rows_quarantined,
                   **{k: v for k, v in counts.items() if k != "histogram"}, "corpus_rows": index.rows,
@@ -141,6 +185,14 @@ def main(cfg: MineJobConfig) -> dict:
             mlflow.log_dict(counts["histogram"], "mining/score_histogram.json")
             mlflow.log_artifact(str(picture), "mining")
     return {**result, "run_id": run.info.run_id, "tracking_uri": tracking_uri()}
+
+
+def _rules(m: MiningConfig) -> str:
+    """The mining rules that are set, as one short line (log and plot title)."""
+    named = {"range": f"{m.range_min}-{m.range_max}", "absolute_margin": m.absolute_margin,
+             "relative_margin": m.relative_margin, "max_score": m.max_score, "min_score": m.min_score,
+             "sampling": m.sampling}
+    return ", ".join(f"{k} {v}" for k, v in named.items() if v is not None)
 
 
 if __name__ == "__main__":

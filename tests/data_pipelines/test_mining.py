@@ -1,6 +1,7 @@
-"""Hard-negative mining: the job's rows equal a brute-force reference (exact search over every corpus text, known
-positives and the query dropped, the margin against each positive's score, hardest first) computed here with the
-same model; its counts add up; its output, query groups, trains a Stage 1 job."""
+"""Hard-negative mining: the job's groups equal a brute-force reference (exact search over every corpus text, known
+positives and the query dropped, the margins against the query's lowest positive score, hardest first) computed
+here with the same model, and sentence-transformers' mine_hard_negatives itself; its counts add up; its output,
+query groups, trains a Stage 1 job."""
 
 import json
 import sys
@@ -23,6 +24,13 @@ def _mine_job():
     return mine_negatives
 
 
+def _private_stores(monkeypatch, tmp_path):
+    """The test's own MLflow store and cache."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
+    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+
+
 def _pairs(rng, queries=14):
     rows = []
     for q in range(queries):
@@ -32,47 +40,53 @@ def _pairs(rng, queries=14):
     return rows
 
 
-def _reference(model_dir, pairs, corpus, top_k, margin, margin_type, per_row, teacher_dir=None):
-    """Candidates ranked by the mining model; the margin compares the teacher's scores where there is one. Queries
-    encode on the query side, candidates and positives on the document side (their prompts, model.prompts)."""
+def _reference(model_dir, pairs, corpus, rules: dict, teacher_dir=None):
+    """{query: its negatives, hardest first}, queries left without one, candidates dropped: each query's first
+    range_max texts by the mining model (its known positives and itself left out), ranked by the scorer (the teacher
+    where there is one), kept within the margins below the query's lowest positive score and the score bounds, the
+    first range_min skipped, the hardest negatives_per_row taken. Queries encode on the query side, candidates and
+    positives on the document side (their prompts, model.prompts)."""
     from encoders.backbone import inference_embeddings, load_encoder
     from evaluation.search import normalised
 
+    r = {"range_min": 0, "absolute_margin": None, "relative_margin": None, "max_score": None, "min_score": None} | rules
     model = load_encoder(model_dir)
     scorer = load_encoder(teacher_dir) if teacher_dir else model
     texts = sorted(set(corpus))
     emb = normalised(inference_embeddings(model, texts, side="document"))
     scored = normalised(inference_embeddings(scorer, texts, side="document"))
     known: dict[str, set] = {}
-    for r in pairs:
-        known.setdefault(r["query"], set()).add(r["positive"])
-    expected, without, dropped = set(), 0, 0
+    for row in pairs:
+        known.setdefault(row["query"], set()).add(row["positive"])
+    expected, without, dropped = {}, 0, 0
     for query, positives in known.items():
         q = normalised(inference_embeddings(model, [query], side="query"))[0]
-        order = [i for i in np.argsort(-(emb @ q), kind="stable") if texts[i] not in positives | {query}][:top_k]
+        order = [i for i in np.argsort(-(emb @ q), kind="stable") if texts[i] not in positives | {query}]
+        order = order[: r["range_max"]]
         q = normalised(inference_embeddings(scorer, [query], side="query"))[0]
         scores = scored @ q
-        for positive in positives:
-            pos = float(normalised(inference_embeddings(scorer, [positive], side="document"))[0] @ q)
-            limit = margin * pos if margin_type == "relative" else pos - margin
-            keep = [texts[i] for i in order if scores[i] <= limit]
-            dropped += len(order) - len(keep)
-            without += not keep
-            expected |= {(query, positive, t) for t in keep[:per_row]}
+        p = min(float(normalised(inference_embeddings(scorer, [t], side="document"))[0] @ q) for t in positives)
+        ranked = [i for i in sorted(order, key=lambda i: -scores[i])
+                  if (r["absolute_margin"] is None or scores[i] <= p - r["absolute_margin"])
+                  and (r["relative_margin"] is None or scores[i] <= p - abs(p) * r["relative_margin"])
+                  and (r["max_score"] is None or scores[i] <= r["max_score"])
+                  and (r["min_score"] is None or scores[i] >= r["min_score"])]
+        dropped += len(order) - len(ranked)
+        negatives = [texts[i] for i in ranked[r["range_min"]:][: r["negatives_per_row"]]]
+        without += not negatives
+        if negatives:
+            expected[query] = negatives
     return expected, without, dropped
 
 
-def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_path, monkeypatch, margin=0.999,
-                                                                 margin_type="relative"):
-    """Relative margin, a teacher re-scoring (the tiny model pooled by its last token: other scores, so other
-    candidates pass the margin than the mining model's own scores would let through); the mining model has query and
-    document prompts, which the reference applies by side."""
+def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_path, monkeypatch):
+    """Relative margin against each query's lowest positive, range_min, a teacher re-scoring (the tiny model pooled
+    by its last token: other scores, so other candidates pass the margin than the mining model's own scores would let
+    through); the mining model has query and document prompts, which the reference applies by side."""
     from encoders.backbone import build_encoder, export_encoder
     from encoders.sources import resolve_model_source
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
-    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+    _private_stores(monkeypatch, tmp_path)
     rng = np.random.default_rng(3)
     pairs = _pairs(rng)
     data = tmp_path / "pairs.jsonl"
@@ -87,28 +101,35 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
                              tmp_path / "teacher")
     job = _mine_job()
     cfg = job.MineJobConfig(data={"train": str(data)}, output_dir=str(tmp_path / "mined"), cpus_per_actor=0.5,
-                            mining={"model": str(model), "corpus": str(corpus), "top_k": 40, "margin": margin,
-                                    "margin_type": margin_type, "negatives_per_row": 2, "queries_per_batch": 4,
+                            mining={"model": str(model), "corpus": str(corpus), "range_max": 40, "range_min": 1,
+                                    "relative_margin": 0.001, "negatives_per_row": 2, "queries_per_batch": 4,
                                     "teacher": str(teacher)},
                             tracking={"experiment": "raoe-test"})
     result = job.main(cfg)
     written = [json.loads(line) for f in sorted(Path(result["output_path"]).glob("*.json*")) for line in open(f)]
-    got = {(r["query"], r["positives"][0], n) for r in written for n in r["negatives"]}
+    got = {r["query"]: r["negatives"] for r in written}
     texts = extra + [r["positive"] for r in pairs]
-    expected, without, dropped = _reference(model, pairs, texts, 40, margin, margin_type, 2, teacher)
-    assert expected != _reference(model, pairs, texts, 40, margin, margin_type, 2)[0]  # the teacher matters here
-    assert got == expected and sum(len(r["negatives"]) for r in written) == len(got) == result["negatives_written"]
-    assert len(written) == result["rows_written"] == result["pairs_in"] - result["rows_without_negative"] > 0
+    rules = {"range_max": 40, "range_min": 1, "relative_margin": 0.001, "negatives_per_row": 2}
+    expected, without, dropped = _reference(model, pairs, texts, rules, teacher)
+    assert expected != _reference(model, pairs, texts, rules)[0]  # the teacher matters here
+    assert got == expected and sum(map(len, got.values())) == result["negatives_written"]
+    known = {}
+    for r in pairs:
+        known.setdefault(r["query"], set()).add(r["positive"])
+    assert len(written) == result["rows_written"] == result["queries_in"] - result["rows_without_negative"] > 0
     assert result["rows_in"] == len(pairs) and result["pairs_in"] == len({(r["query"], r["positive"]) for r in pairs})
+    assert result["queries_in"] == len(known) and result["pairs_in"] > len(known)  # queries with two positives
     assert result["rows_without_negative"] == without and result["candidates_dropped_by_margin"] == dropped
     assert sum(result["histogram"]["negative"]) == result["negatives_written"]
-    for group in written:  # one positive, at most negatives_per_row negatives, with the teacher's scores
-        assert len(group["positives"]) == len(group["positive_scores"]) == 1 and 1 <= len(group["negatives"]) <= 2
+    for group in written:  # every positive of the query, at most negatives_per_row negatives, the teacher's scores
+        assert set(group["positives"]) == known[group["query"]] and 1 <= len(group["negatives"]) <= 2
+        assert len(group["positive_scores"]) == len(group["positives"])
         assert len(group["negative_scores"]) == len(group["negatives"]) and not set(group["negatives"]) & set(
             group["positives"])
-        assert max(group["negative_scores"]) <= margin * group["positive_scores"][0] + 1e-6
+        lowest = min(group["positive_scores"])
+        assert max(group["negative_scores"]) <= lowest - abs(lowest) * 0.001 + 1e-6
     assert Path(result["plot"]).exists()
-    assert dropped > 0 and without > 0  # the margin really drops candidates here, and leaves some pairs without
+    assert dropped > 0 and without > 0  # the margin really drops candidates here, and leaves some queries without
 
 
 def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_local, tmp_path, monkeypatch, s3):
@@ -123,9 +144,7 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_lo
     from encoders.sources import resolve_model_source
     from storage.paths import storage_path
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
-    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+    _private_stores(monkeypatch, tmp_path)
     monkeypatch.setenv("RAOE_INDEX_CACHE", s3.uri("indexes"))
     monkeypatch.setenv("RAOE_NODE_CACHE", str(tmp_path / "node"))
     job = _mine_job()
@@ -133,12 +152,12 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_lo
     rows = [json.loads(line) for line in open(source)]
     entailed = {(r["text1"], r["text2"]) for r in rows if r["label"] == "entailment"}
     cfg = job.MineJobConfig(data={"train": str(source)}, output_dir=s3.uri("mined"), cpus_per_actor=0.5,
-                            mining={"model": "tiny:bert", "top_k": 40, "margin": 0.01, "margin_type": "absolute",
-                                    "negatives_per_row": 2}, tracking={"experiment": "raoe-test"})
+                            mining={"model": "tiny:bert", "range_max": 40, "absolute_margin": 0.01,
+                                    "relative_margin": None, "negatives_per_row": 2}, tracking={"experiment": "raoe-test"})
     result = job.main(cfg)
     as_pairs = [{"query": q, "positive": p} for q, p in sorted(entailed)]
     expected, without, dropped = _reference(resolve_model_source("tiny:bert"), as_pairs, [p for _, p in entailed],
-                                            40, 0.01, "absolute", 2)
+                                            {"range_max": 40, "absolute_margin": 0.01, "negatives_per_row": 2})
     assert result["rows_in"] == len(rows) and result["pairs_in"] == len(entailed)
     assert result["corpus_rows"] == len({p for _, p in entailed})
     assert result["output_path"] == s3.uri("mined/data") and result["plot"] == s3.uri("mined/scores.png")
@@ -147,12 +166,12 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_lo
     ds, report = load_corpus("groups", result["output_path"], fmt="groups_jsonl")
     mined = ds.take_all()
     assert report.rows_written == result["rows_written"] == len(mined) > 0
-    assert {(r["query"], r["positives"][0], n) for r in mined for n in r["negatives"]} == expected
+    assert {r["query"]: list(r["negatives"]) for r in mined} == expected
     assert (result["rows_without_negative"], result["candidates_dropped_by_margin"]) == (without, dropped)
-    assert all((r["query"], r["positives"][0]) in entailed and len(r["negatives"]) for r in mined)
-    for r in mined:  # hardest first, each under the absolute margin
+    assert all({(r["query"], p) for p in r["positives"]} <= entailed and len(r["negatives"]) for r in mined)
+    for r in mined:  # hardest first, each under the absolute margin below the query's lowest positive
         assert list(r["negative_scores"]) == sorted(r["negative_scores"], reverse=True)
-        assert max(r["negative_scores"]) <= r["positive_scores"][0] - 0.01 + 1e-6
+        assert max(r["negative_scores"]) <= min(r["positive_scores"]) - 0.01 + 1e-6
     positives = {}
     for q, p in entailed:
         positives.setdefault(q, set()).add(p)
@@ -192,6 +211,84 @@ def test_mined_triplets_without_a_negative_are_refused_by_name(ray_local):
         mined_with_negatives(rows, cfg, "")
 
 
+def test_single_positive_queries_mine_what_sentence_transformers_mines(ray_local, tmp_path, monkeypatch):
+    """The same exported model, pairs and corpus through sentence-transformers' mine_hard_negatives (range_min,
+    absolute_margin, num_negatives; range_max above the corpus size, where the two tools' candidate pools differ by
+    design, see data_pipelines/mining.py): the same negatives, in the same order, with the same scores, for every
+    query with one positive; a query with two is held to the lowest."""
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.util import mine_hard_negatives
+
+    from encoders.backbone import build_encoder, export_encoder
+    from encoders.sources import resolve_model_source
+
+    _private_stores(monkeypatch, tmp_path)
+    rng = np.random.default_rng(11)
+    pairs = _pairs(rng)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in pairs))
+    texts = [" ".join(rng.choice(WORDS, size=5)) for _ in range(40)] + [r["positive"] for r in pairs]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(texts) + "\n")
+    model = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "model")
+    rules = {"range_max": 80, "range_min": 1, "absolute_margin": 0.0, "relative_margin": None, "negatives_per_row": 3}
+    job = _mine_job()
+    result = job.main(job.MineJobConfig(data={"train": str(data)}, output_dir=str(tmp_path / "mined"),
+                                        cpus_per_actor=0.5, mining={"model": str(model), "corpus": str(corpus), **rules},
+                                        tracking={"experiment": "raoe-test"}))
+    ours = {r["query"]: r for f in sorted(Path(result["output_path"]).glob("*.json*")) for r in map(json.loads, open(f))}
+
+    theirs = mine_hard_negatives(
+        Dataset.from_dict({"query": [r["query"] for r in pairs], "positive": [r["positive"] for r in pairs]}),
+        SentenceTransformer(str(model), device="cpu"), corpus=texts, range_min=1, range_max=80, absolute_margin=0.0,
+        num_negatives=3, sampling_strategy="top", output_format="labeled-list", output_scores=True, batch_size=16,
+        verbose=False)
+    counts = {}
+    for r in pairs:
+        counts[r["query"]] = counts.get(r["query"], 0) + 1
+    single = [row for row in theirs if counts[row["query"]] == 1]
+    assert len(single) > 3 and {row["query"] for row in single} <= set(ours)
+    for row in single:
+        assert ours[row["query"]]["negatives"] == row["positive"][1:]
+        assert ours[row["query"]]["negative_scores"] == pytest.approx(row["scores"][1:], abs=1e-5)
+    assert {q for q, n in counts.items() if n == 1} & set(ours) == {row["query"] for row in single}
+    assert any(len(ours[q]["positives"]) == 2 for q in ours)  # two positives: one group, the lowest one's margin
+
+
+def test_mining_rules_are_bounded_named_and_the_old_keys_still_read(capsys):
+    """Out-of-range rules are refused by key; margin / margin_type / top_k are read as sentence-transformers'
+    names; sampling: random draws among the candidates past range_min, the same for a query on any actor."""
+    from pydantic import ValidationError
+
+    from data_pipelines.mining import MiningSettings
+
+    job = _mine_job()
+    for bad, key in (({"relative_margin": 1.5}, "relative_margin"), ({"absolute_margin": -0.1}, "absolute_margin"),
+                     ({"range_min": 50}, "range_min"), ({"negatives_per_row": 9, "range_max": 10, "range_min": 2},
+                                                        "negatives_per_row")):
+        with pytest.raises(ValidationError, match=key):
+            job.MiningConfig(**bad)
+    old = job.MiningConfig(top_k=30, margin=0.95, margin_type="relative")
+    assert (old.range_max, old.relative_margin, old.absolute_margin) == (30, pytest.approx(0.05), None)
+    old = job.MiningConfig(margin=0.1, margin_type="absolute")
+    assert (old.absolute_margin, old.relative_margin) == (0.1, None)
+    assert "mining.top_k / margin / margin_type are deprecated" in capsys.readouterr().err
+
+    rules = MiningSettings("m", "i", range_max=10, range_min=2, relative_margin=None, negatives_per_row=3,
+                           sampling="random", seed=5)
+    scores = np.linspace(1.0, 0.1, 10)
+    ranked = list(range(10))
+    drawn = rules.pick(ranked, scores, "a query")
+    assert drawn == rules.pick(ranked, scores, "a query") and len(set(drawn)) == 3 and min(drawn) >= 2
+    assert drawn == sorted(drawn)  # hardest first
+    others = {tuple(rules.pick(ranked, scores, f"query {i}")) for i in range(20)}
+    assert len(others) > 5  # another query, another draw
+    assert MiningSettings("m", "i", range_min=2, negatives_per_row=3).pick(ranked, scores, "q") == [2, 3, 4]
+    lowest = -0.4  # sign-safe: 5% of the magnitude below a negative positive score
+    assert MiningSettings("m", "i").allowed(np.array([-0.41, -0.43]), lowest).tolist() == [False, True]
+
+
 def test_the_old_output_path_key_is_read_as_output_dir_with_a_word(capsys):
     from pydantic import ValidationError
 
@@ -210,9 +307,7 @@ def test_a_beir_folder_mines_groups_for_its_judged_pairs_among_its_corpus(ray_lo
     from data_pipelines.mining import beir_pairs
     from tests.evaluation.test_retrieval import write_beir
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
-    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+    _private_stores(monkeypatch, tmp_path)
     rng = np.random.default_rng(4)
     corpus = {f"d{i}": " ".join(rng.choice(WORDS, size=5)) for i in range(30)}
     queries = {f"q{i}": " ".join(rng.choice(WORDS, size=3)) for i in range(8)}
@@ -221,13 +316,14 @@ def test_a_beir_folder_mines_groups_for_its_judged_pairs_among_its_corpus(ray_lo
     titled = {d: f"{'' if i % 2 else 't'} {t}".strip() for i, (d, t) in enumerate(corpus.items())}  # as written
     job = _mine_job()
     cfg = job.MineJobConfig(data={"train": str(folder)}, output_dir=str(tmp_path / "mined"), cpus_per_actor=0.5,
-                            mining={"model": "tiny:bert", "top_k": 10, "margin": -2.0, "margin_type": "absolute",
+                            mining={"model": "tiny:bert", "range_max": 10, "relative_margin": None,
                                     "negatives_per_row": 3}, tracking={"experiment": "raoe-test"})
     result = job.main(cfg)
     written = [json.loads(line) for f in sorted(Path(result["output_path"]).glob("*.json*")) for line in open(f)]
     judged = {(queries[q], titled[d]) for q, d, g in qrels if g > 0}
     assert result["pairs_in"] == len(judged) == 16 and result["corpus_rows"] == 30
-    assert {(g["query"], g["positives"][0]) for g in written} == judged  # a margin of -2 keeps every candidate
+    assert {(g["query"], p) for g in written for p in g["positives"]} == judged  # no margin: every query keeps some
+    assert len(written) == result["queries_in"] == 8
     for group in written:
         own = {t for q, t in judged if q == group["query"]}
         assert len(group["negatives"]) == 3 and not own & set(group["negatives"])
