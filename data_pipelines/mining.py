@@ -33,7 +33,8 @@ from data_pipelines.records import LABELS
 from encoders.devices import EncoderPool, actor_device, pool_resources
 from evaluation.corpus_index import CorpusIndex
 from evaluation.figures import pyplot, save_figure
-from storage.paths import file_identity, storage_path
+from storage.digests import content_digest, content_digests
+from storage.paths import storage_path
 
 HISTOGRAM_BINS = np.linspace(-1.0, 1.0, 41)
 GROUP_COLUMNS = ("query", "positives", "negatives", "positive_scores", "negative_scores")  # what mining writes
@@ -146,8 +147,8 @@ def query_positive_pairs(data_cfg, quarantine_path: Path):
     if is_beir_folder(data_cfg.train):
         split = data_cfg.split or "train"
         ds, report = beir_pairs(data_cfg.train, split)
-        return ds, report, "beir " + json.dumps([file_identity(storage_path(data_cfg.train) / name) for name in
-                                                  ("queries.jsonl", f"qrels/{split}.tsv")])
+        return ds, report, "beir " + json.dumps(content_digests([storage_path(data_cfg.train) / name for name in
+                                                                  ("queries.jsonl", f"qrels/{split}.tsv")]))
 
     kind = labelled_or_plain(data_cfg.train, data_cfg.format)
     fmt = data_cfg.format if kind == "pairs" or data_cfg.format in ("triplets_jsonl", "parquet") else "auto"
@@ -186,7 +187,7 @@ def mining_corpus(pairs, corpus_path: str | None, corpus_fmt: str, data_key: str
         from evaluation.retrieval_suite import corpus_dataset
 
         texts = corpus_dataset(corpus_path).select_columns(["text"])
-        key = "beir " + json.dumps(file_identity(storage_path(corpus_path) / "corpus.jsonl"))
+        key = "beir " + content_digest(storage_path(corpus_path) / "corpus.jsonl")
     else:
         texts, _ = load_corpus("sentences", corpus_path, fmt=corpus_fmt)
         files, resolved = corpus_files(corpus_path, "sentences", corpus_fmt)

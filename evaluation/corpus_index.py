@@ -1,9 +1,9 @@
 """A corpus encoded once per model and corpus: unit-length embeddings in shard files, written by a Ray Data actor
 pool (on GPUs where the pool asks for them), searched shard by shard.
 
-The index of a corpus is a folder under ``RAOE_CACHE/corpus-embeddings/<key>``, the key naming the model (its
-files' sizes and times, so a retrained folder is a new model; a registry version's download folder is fixed) and
-the corpus (the caller's fingerprint of it). Each shard is ``<n>.npy`` (float32 rows) and ``<n>.arrow`` (an
+The index of a corpus is a folder under ``RAOE_CACHE/corpus-embeddings/<key>``, the key naming the model (its files'
+content: a retrained folder is a new model, the same version downloaded into another folder the same one) and the
+corpus (the caller's fingerprint of its content). Each shard is ``<n>.npy`` (float32 rows) and ``<n>.arrow`` (an
 uncompressed Arrow IPC file of ``id``, and ``text`` when kept), both memory-mapped when read: a reader looks up the
 ids or texts of the rows it found (``take``) without holding the corpus's columns, and the actors of one node
 share the pages. A second evaluation or a promotion of the same model on the same corpus reads the shards instead of
@@ -32,6 +32,7 @@ import numpy as np
 
 from encoders.cache import building, cache_root
 from encoders.devices import EncoderPool, pool_resources
+from storage.digests import content_digests, hub_revision, tree_digest
 from storage.node_cache import node_copy
 from storage.paths import ABANDONED_AFTER_S, files_under, is_uri, join, remove_tree, storage_path, writable_path
 
@@ -120,23 +121,18 @@ def index_outputs() -> dict[str, str]:
 
 
 def model_fingerprint(model_path: str) -> str:
-    """A model folder's identity: its files' relative paths, sizes and modification times (an HF id: itself)."""
-    root = Path(model_path)
-    if not root.is_dir():
-        return model_path
-    entries = sorted((str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
-                     for p in root.rglob("*") if p.is_file())
-    return hashlib.sha1(json.dumps([str(root.resolve()), entries]).encode()).hexdigest()
+    """A model's identity: a folder's files by content (their digests are remembered per file, so a warm check
+    hashes nothing, and the same files in another folder are the same model); a hub id by the revision of its
+    snapshot in the local hub cache (the id alone where none is cached)."""
+    if Path(model_path).is_dir():
+        return tree_digest(model_path)
+    revision = hub_revision(model_path)
+    return f"{model_path}@{revision}" if revision else model_path
 
 
 def file_fingerprint(*paths: str | Path) -> str:
-    """The content of corpus files (sha1 of their bytes, streamed)."""
-    digest = hashlib.sha1()
-    for path in paths:
-        with storage_path(path).open("rb") as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                digest.update(block)
-    return digest.hexdigest()
+    """The content of corpus files (their digests, remembered per file)."""
+    return hashlib.sha1(json.dumps(content_digests(paths)).encode()).hexdigest()
 
 
 def index_key(model_path: str, corpus_key: str, keep_text: bool) -> str:

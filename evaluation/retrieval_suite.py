@@ -21,6 +21,7 @@ from evaluation.retrieval import (
     score_rankings,
 )
 from evaluation.search import RunningTopK
+from storage.digests import hub_revision
 from storage.paths import storage_path
 
 
@@ -64,8 +65,12 @@ def _hub_rows(table):
 
 
 def corpus_key(source: str) -> str:
-    """What the cached index of a task's corpus is keyed by: the file's content, or the hub dataset's name."""
-    return source if source.startswith(HUB_PREFIX) else file_fingerprint(storage_path(source) / "corpus.jsonl")
+    """What the cached index of a task's corpus is keyed by: the file's content, or the hub dataset's name and the
+    revision the local hub cache holds."""
+    if source.startswith(HUB_PREFIX):
+        revision = hub_revision(source.removeprefix(HUB_PREFIX), repo_type="dataset")
+        return f"{source}@{revision}" if revision else source
+    return file_fingerprint(storage_path(source) / "corpus.jsonl")
 
 
 def search_index(index: CorpusIndex, query_embeddings: np.ndarray, k: int = SEARCH_DEPTH,

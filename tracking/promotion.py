@@ -24,9 +24,23 @@ CHAMPION, CHALLENGER = "champion", "challenger"
 RESULTS_TAG, KEY_TAG = "sts_results", "sts_results.key"
 
 
+def task_content(task) -> str | list[str]:
+    """A retrieval task's data as scored: its queries', qrels' and corpus's content digests (a regenerated folder at
+    the same path is other data), or a hub dataset's cached revision."""
+    from storage.digests import content_digests, hub_revision
+    from storage.paths import storage_path
+
+    if task.source.startswith("hf:"):
+        return hub_revision(task.source.removeprefix("hf:"), repo_type="dataset") or task.source
+    root = storage_path(task.source)
+    files = [root / "queries.jsonl", root / "qrels" / f"{task.split}.tsv", root / "corpus.jsonl"]
+    return content_digests([f for f in files if f.exists()])  # a missing file fails the scoring, not the key
+
+
 def evaluation_key(eval_cfg, dim: int | None = None) -> str:
     """What makes two suite results comparable: the data (resolved), tasks, STS-B split and pair cap, the
-    retrieval tasks, and the embedding size scored (a Matryoshka model's leading ``dim``, or the whole)."""
+    retrieval tasks (with their files' content and scoring rules), and the embedding size scored (a Matryoshka
+    model's leading ``dim``, or the whole)."""
     spec = {"data_dir": str(Path(eval_cfg.data_dir).resolve()), "tasks": list(eval_cfg.tasks),
             "stsb_split": eval_cfg.stsb_split, "max_pairs": eval_cfg.max_pairs}
     if dim is not None:
@@ -34,7 +48,9 @@ def evaluation_key(eval_cfg, dim: int | None = None) -> str:
     retrieval = getattr(eval_cfg, "retrieval", None)
     if retrieval:
         spec["retrieval"] = [{"source": t.source if t.source.startswith("hf:") else str(Path(t.source).resolve()),
-                              "split": t.split, "name": t.task_name, "max_queries": t.max_queries} for t in retrieval]
+                              "split": t.split, "name": t.task_name, "max_queries": t.max_queries,
+                              "ignore_identical_ids": t.ignore_identical_ids, "content": task_content(t)}
+                             for t in retrieval]
     return hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -298,8 +298,14 @@ def test_config_names_tasks_and_promotion_scores_them_next_to_sts(tmp_path):
     from jobconfig.schema import EvalConfig
     from tracking.promotion import evaluation_key, suite_scores
 
-    cfg = EvalConfig(retrieval=[str(tmp_path / "snli-test"), {"source": "hf:zeta-alpha-ai/NanoFiQA2018", "split": "train"}])
+    folder = write_beir(tmp_path / "snli-test", {"d1": "x", "d2": "y"}, {"q1": "one"}, [("q1", "d1", 1)])
+    cfg = EvalConfig(retrieval=[str(folder), {"source": "hf:zeta-alpha-ai/NanoFiQA2018", "split": "train"}])
     assert [t.task_name for t in cfg.retrieval] == ["snli-test", "NanoFiQA2018"]
+    key = evaluation_key(cfg)
+    write_beir(folder, {"d1": "x", "d2": "y"}, {"q1": "one"}, [("q1", "d2", 1)])  # regenerated at the same path
+    assert evaluation_key(cfg) != key  # remembered scores of the old judgements are not reused
+    assert evaluation_key(EvalConfig(retrieval=[{"source": str(folder), "ignore_identical_ids": False}])) != \
+        evaluation_key(EvalConfig(retrieval=[str(folder)]))
     with pytest.raises(ValidationError, match=r"task name\(s\) \['snli-test'\] appear twice"):
         EvalConfig(retrieval=[str(tmp_path / "snli-test"), str(tmp_path / "other" / "snli-test")])
     assert evaluation_key(cfg) != evaluation_key(EvalConfig())  # results on other retrieval tasks are not reused

@@ -1,0 +1,65 @@
+"""Content digests for cache keys: the same bytes anywhere are the same key, changed bytes a new one (also where
+size and modification time stay), and a warm check hashes nothing."""
+
+import os
+import shutil
+
+import pytest
+
+from storage import digests
+
+
+def _model(folder, weights: bytes):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"hidden_size": 8}')
+    (folder / "model.safetensors").write_bytes(weights)
+    return folder
+
+
+def test_a_folder_is_keyed_by_its_files_content_not_where_or_when(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+    model = _model(tmp_path / "a", b"\x00" * 4096)
+    copy = tmp_path / "elsewhere" / "a"
+    shutil.copytree(model, copy)  # another folder: the same model (a registry version downloaded again)
+    assert digests.tree_digest(model) == digests.tree_digest(copy)
+
+    before = digests.tree_digest(model)
+    weights = model / "model.safetensors"
+    stat = weights.stat()
+    weights.write_bytes(b"\x01" + b"\x00" * 4095)  # retrained: same size, and its time put back
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert digests.tree_digest(model) != before
+    (model / "extra.txt").write_text("a file added")
+    assert digests.tree_digest(model) != digests.tree_digest(copy)
+
+
+def test_a_warm_check_hashes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+    model = _model(tmp_path / "m", os.urandom(3 << 20))
+    hashed = []
+    real = digests._sha1
+    monkeypatch.setattr(digests, "_sha1", lambda path: hashed.append(path) or real(path))
+    first = digests.tree_digest(model)
+    assert len(hashed) == 2
+    assert digests.tree_digest(model) == first and len(hashed) == 2  # from the table
+    (tmp_path / "cache" / digests.TABLE).write_text("{torn")  # a table torn by a racing writer: recomputed
+    assert digests.tree_digest(model) == first and len(hashed) == 4
+
+
+def test_an_object_is_keyed_by_its_content_on_object_storage(s3, tmp_path, monkeypatch):
+    from storage.paths import storage_path
+
+    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+    uri = s3.uri("qrels/test.tsv")
+    storage_path(uri).write_bytes(b"q1\td1\t1\n")
+    first = digests.content_digest(uri)
+    (tmp_path / "test.tsv").write_bytes(b"q1\td1\t1\n")
+    assert digests.content_digest(uri) == first == digests.content_digest(tmp_path / "test.tsv")  # same bytes
+    storage_path(uri).write_bytes(b"q1\td2\t1\n")  # regenerated under the same name and size
+    assert digests.content_digest(uri) != first
+
+
+def test_a_hub_name_without_a_cached_snapshot_has_no_revision():
+    assert digests.hub_revision("nobody/no-such-model-raoe-test") is None
+    with pytest.raises(FileNotFoundError):
+        digests.content_digest("/no/such/file")
