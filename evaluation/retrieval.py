@@ -99,6 +99,9 @@ def read_task(source: str, split: str = "test", name: str | None = None, max_que
         queries, qrels = _hub_queries_qrels(source.removeprefix(HUB_PREFIX), split)
     else:
         root = storage_path(source)  # a local folder or one on object storage
+        if not (root / "qrels" / f"{split}.tsv").exists():
+            splits = sorted(p.stem for p in (root / "qrels").glob("*.tsv")) if (root / "qrels").exists() else []
+            raise BeirFormatError(f"{source}: no qrels/{split}.tsv (split {split!r}); its splits: {splits}")
         qrels = read_qrels(root / "qrels" / f"{split}.tsv")
         queries = {str(r["_id"]): str(r["text"]) for r in _jsonl(root / "queries.jsonl", ("_id", "text"))}
     unknown = sorted(set(qrels) - set(queries))
@@ -137,7 +140,7 @@ class RetrievalDevSet:
     corpus_texts: list[str]
 
 
-def read_dev_set(source: str, split: str = "test", name: str | None = None, max_queries: int | None = None,
+def read_dev_set(source: str, split: str = "dev", name: str | None = None, max_queries: int | None = None,
                  max_documents: int = DEV_MAX_DOCUMENTS, ignore_identical_ids: bool = True) -> RetrievalDevSet:
     task = read_task(source, split, name, max_queries, ignore_identical_ids)
     ids, texts = [], []
@@ -174,10 +177,12 @@ def _hub_queries_qrels(dataset: str, split: str):
 
     queries = {str(r["_id"]): str(r["text"]) for r in hub_part(dataset, "queries")}
     try:
-        rows = load_dataset(dataset, "qrels")  # NanoBEIR
-        rows = rows[split] if split in rows else rows[next(iter(rows))]
+        parts = load_dataset(dataset, "qrels")  # NanoBEIR
     except ValueError:
-        rows = load_dataset(dataset, "default", split=split)  # MTEB
+        parts = load_dataset(dataset, "default")  # MTEB
+    if split not in parts:
+        raise BeirFormatError(f"hf:{dataset}: no qrels split {split!r}; its splits: {sorted(parts)}")
+    rows = parts[split]
     qrels: dict[str, dict[str, int]] = {}
     for r in rows:
         qid = str(r.get("query-id", r.get("query_id")))

@@ -403,8 +403,17 @@ class TrackingConfig(Section):
 class TrainEvalConfig(EvalConfig):
     dev_retrieval: RetrievalTaskConfig | None = Field(
         None, description="select checkpoints by this retrieval task's nDCG@10 (x100; a BEIR folder or hf:<dataset>, "
-        "or {source, split, name, max_queries}) instead of STS-B dev Spearman; its corpus is encoded whole on the "
-        "evaluating workers at every evaluation, so keep it a dev-sized set (at most 200,000 documents)")
+        "or {source, split, name, max_queries}) instead of STS-B dev Spearman; it reads the 'dev' split unless split "
+        "names another (never the test judgements by default); its corpus is encoded whole on the evaluating workers "
+        "at every evaluation, so keep it a dev-sized set (at most 200,000 documents)")
+
+    @field_validator("dev_retrieval")
+    @classmethod
+    def _dev_split_by_default(cls, task: RetrievalTaskConfig | None) -> RetrievalTaskConfig | None:
+        """Checkpoint selection on test judgements would report a test score chosen by the test: 'dev' unless set."""
+        if task is not None and "split" not in task.model_fields_set:
+            return task.model_copy(update={"split": "dev"})
+        return task
 
 
 class TrainJobConfig(Section):

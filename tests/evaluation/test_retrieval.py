@@ -175,7 +175,7 @@ def test_reader_keeps_judged_queries_and_names_bad_lines(tmp_path):
     (folder / "queries.jsonl").write_text('{"_id": "q1", "text": "one"}\n{"_id": "q3"}\n')
     with pytest.raises(BeirFormatError, match=r"queries.jsonl:2: missing field\(s\) \['text'\]"):
         read_task(str(folder))
-    with pytest.raises(BeirFormatError, match="dev.tsv: missing"):
+    with pytest.raises(BeirFormatError, match=r"no qrels/dev.tsv \(split 'dev'\); its splits: \['test'\]"):
         read_task(str(folder), split="dev")
 
 
@@ -221,13 +221,13 @@ def test_a_retrieval_dev_set_scores_as_the_evaluator_and_must_be_dev_sized(tmp_p
 
     folder, corpus, queries, qrels = _random_beir(tmp_path, np.random.default_rng(5))
     model = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32, **SIDES), tmp_path / "model")
-    dev = read_dev_set(str(folder))
+    dev = read_dev_set(str(folder), split="test")
     assert dev.corpus_ids == list(corpus) and dev.task.name == "beir-tiny"
     encoder = load_encoder(str(model))
     got = dev_ndcg_at_10(lambda texts, side: inference_embeddings(encoder, texts, 16, side), dev)
     assert got == pytest.approx(100 * _st_reference(model, corpus, queries, qrels)["t_cosine_ndcg@10"], abs=1e-2)
     with pytest.raises(ValueError, match="eval.dev_retrieval: .* more than 59 documents"):
-        read_dev_set(str(folder), max_documents=59)
+        read_dev_set(str(folder), split="test", max_documents=59)
 
 
 def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch, ray_local, s3):
@@ -313,6 +313,28 @@ def test_config_names_tasks_and_promotion_scores_them_next_to_sts(tmp_path):
     assert evaluation_key(cfg, 128) != evaluation_key(cfg)  # a Matryoshka size's results are remembered apart
     scores = suite_scores({"STSBenchmark": 80.0, "STS12": None, "avg": 80.0}, {"snli-test": {"ndcg@10": 0.5}})
     assert scores == {"STSBenchmark": 80.0, "STS12": None, "snli-test": 50.0, "avg": 65.0}
+
+
+def test_a_dev_task_reads_the_dev_split_unless_told_and_a_missing_hub_split_is_named(monkeypatch):
+    """eval.dev_retrieval selects checkpoints: it reads 'dev' (never the test judgements) unless its split says; a
+    hub dataset without the split asked for is an error naming the ones it has, not a silent first split."""
+    import datasets
+
+    from jobconfig.schema import TrainEvalConfig
+
+    assert TrainEvalConfig(dev_retrieval="outputs/beir/x").dev_retrieval.split == "dev"
+    assert TrainEvalConfig(dev_retrieval={"source": "outputs/beir/x", "split": "test"}).dev_retrieval.split == "test"
+    assert TrainEvalConfig(retrieval=["outputs/beir/x"]).retrieval[0].split == "test"  # evaluation: test, as BEIR
+
+    def hub(name, config=None, split=None):
+        if config == "queries":
+            return {"queries": [{"_id": "q1", "text": "one"}]}
+        return {"train": [{"query-id": "q1", "corpus-id": "d1", "score": 1}]}
+
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    assert read_task("hf:someone/nano", split="train").qrels == {"q1": {"d1": 1}}
+    with pytest.raises(BeirFormatError, match=r"hf:someone/nano: no qrels split 'dev'; its splits: \['train'\]"):
+        read_task("hf:someone/nano", split="dev")
 
 
 def test_promotion_guards_must_name_suite_tasks():

@@ -87,7 +87,7 @@ def simcse_retrieval_dev_run(train_env, tmp_path_factory):
     doc_of, premises = {t: d for d, t in docs.items()}, list(dict.fromkeys(r["text1"] for r in rows))
     qrels = [(f"q{premises.index(r['text1'])}", doc_of[r["text2"]], 1) for r in rows if r["label"] == "entailment"]
     folder = write_beir(tmp_path_factory.mktemp("nli-dev") / "nli-dev", docs,
-                        {f"q{i}": t for i, t in enumerate(premises)}, qrels)
+                        {f"q{i}": t for i, t in enumerate(premises)}, qrels, split="dev")
     out = run_training(tiny_config(train_env, "simcse-retrieval-dev", "data.triplets=true",
                                    "objective.weights={infonce: 1.0}", f"eval.dev_retrieval={folder}",
                                    "trainer.max_steps=3", "trainer.eval_every=1", "trainer.global_batch_size=16",
