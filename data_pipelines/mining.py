@@ -215,9 +215,12 @@ class NegativeMiner:
         import torch
 
         from encoders.backbone import load_encoder
+        from evaluation.search import ResidentShards
 
         torch.set_num_threads(max(1, torch.get_num_threads()))
         device = actor_device(settings.gpus)
+        self.device = device
+        self.resident = ResidentShards(device)  # the index searched on this actor's device, copied there once
         self.s = settings
         self.model = load_encoder(settings.model_path, device=device)
         self.teacher = load_encoder(settings.teacher_path, device=device) if settings.teacher_path else None
@@ -240,9 +243,9 @@ class NegativeMiner:
         positives = [list(p) for p in batch["positives"]]
         q_emb = self._embed(self.model, queries, "query")
         widest = max(len(p) for p in positives) + 1  # room for the known positives and the query itself
-        best = RunningTopK(len(queries), min(self.s.range_max + widest, max(1, self.index.rows)))
+        best = RunningTopK(len(queries), min(self.s.range_max + widest, max(1, self.index.rows)), device=self.device)
         for offset, shard in self.index.shards():
-            best.add(q_emb, shard, offset)
+            best.add(q_emb, self.resident.get(offset, shard), offset)
         scores, rows = best.result()
         distinct = np.unique(rows[rows >= 0])
         text_of = dict(zip(distinct.tolist(), self.index.take("text", distinct)))

@@ -10,10 +10,14 @@ against one chunk of the corpus at a time, merged into the best ``k`` seen so fa
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
 QUERY_BLOCK = 1024
+RESIDENT_ENV = "RAOE_SEARCH_RESIDENT_GB"  # how much of an index a searching actor keeps on its device
+CPU_RESIDENT_GB = 2.0  # default on CPU; on a GPU, half of its free memory
 
 
 def normalised(embeddings: np.ndarray, dim: int | None = None) -> np.ndarray:
@@ -60,6 +64,37 @@ class RunningTopK:
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         return self.scores.cpu().numpy(), self.rows.cpu().numpy()
+
+
+class ResidentShards:
+    """An index's shards as float32 tensors on the searching actor's device, copied once and kept there while they
+    fit the budget (``RAOE_SEARCH_RESIDENT_GB``; default 2 GB on CPU, half the free memory of a GPU); the shards
+    beyond it are copied from their memory maps at each pass. A mining actor searches each batch of queries against
+    the whole index: without this, every batch re-read and re-copied every shard."""
+
+    def __init__(self, device: str = "cpu", budget_bytes: float | None = None):
+        self.device = device
+        self.budget = _resident_budget(device) if budget_bytes is None else budget_bytes
+        self.kept: dict[int, torch.Tensor] = {}
+        self.kept_bytes = 0
+
+    def get(self, offset: int, shard: np.ndarray) -> torch.Tensor:
+        """The shard that starts at row ``offset``, on the device."""
+        if offset in self.kept:
+            return self.kept[offset]
+        tensor = torch.from_numpy(np.array(shard, dtype=np.float32)).to(self.device)  # a copy: the map is read-only
+        if self.kept_bytes + tensor.nbytes <= self.budget:
+            self.kept[offset] = tensor
+            self.kept_bytes += tensor.nbytes
+        return tensor
+
+
+def _resident_budget(device: str) -> float:
+    if os.environ.get(RESIDENT_ENV):
+        return float(os.environ[RESIDENT_ENV]) * 2**30
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info()[0] / 2
+    return CPU_RESIDENT_GB * 2**30
 
 
 def _top_lowest_first(block: torch.Tensor, take: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -129,6 +129,31 @@ def test_an_index_looks_rows_up_shard_by_shard_without_holding_its_columns(tmp_p
         index.take("id", [53])
 
 
+def test_an_actor_keeps_the_shards_it_searches_within_its_budget(monkeypatch):
+    """A mining actor searches every batch of queries against the whole index: the shards that fit its budget are
+    copied to its device once and kept (the same tensor at the next batch), the rest copied at each pass; the search
+    through them equals the search over the whole corpus."""
+    import torch
+
+    from evaluation.search import RESIDENT_ENV, ResidentShards, RunningTopK
+
+    rng = np.random.default_rng(3)
+    shards = [rng.normal(size=(16, 4)).astype(np.float32) for _ in range(3)]
+    resident = ResidentShards("cpu", budget_bytes=2 * shards[0].nbytes)
+    first = [resident.get(16 * i, s) for i, s in enumerate(shards)]
+    again = [resident.get(16 * i, s) for i, s in enumerate(shards)]
+    assert again[0] is first[0] and again[1] is first[1] and again[2] is not first[2]  # the third is over budget
+    assert all(torch.equal(t, torch.from_numpy(s)) for t, s in zip(again, shards))
+    queries = rng.normal(size=(5, 4)).astype(np.float32)
+    best = RunningTopK(len(queries), 7)
+    for i, s in enumerate(shards):
+        best.add(queries, resident.get(16 * i, s), 16 * i)
+    expected = exact_top_k(queries, np.concatenate(shards), 7)
+    np.testing.assert_array_equal(best.result()[1], expected[1])
+    monkeypatch.setenv(RESIDENT_ENV, "0.5")
+    assert ResidentShards("cpu").budget == 0.5 * 2**30
+
+
 @pytest.mark.parametrize("chunk_rows, k", [(7, 5), (64, 100), (1000, 3)])
 def test_chunked_search_equals_a_full_sort(chunk_rows, k):
     """Small integer vectors: every dot product is exact in float32 whatever the summation order of the CPU's
