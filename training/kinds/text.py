@@ -20,35 +20,66 @@ def _pair_texts(rows: dict[str, np.ndarray]) -> dict[str, list[str]]:
             for name in _EMBEDDING_OF if name in rows}
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, element-wise: a counter-based draw, the same for the same inputs in any batch."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def _row_keys(seed: int, step: int, index: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        key = _mix(np.full(len(index), np.uint64(seed % 2**64)) + _GOLDEN)
+        key = _mix(key ^ (np.uint64(step) + _GOLDEN))
+        return _mix(key ^ (np.asarray(index).astype(np.uint64) + _GOLDEN))
+
+
 def draw_groups(ctx: BatchContext, rows: dict[str, np.ndarray], seed: int, step: int,
                 index: np.ndarray) -> dict[str, np.ndarray]:
     """Query groups -> what a step trains on: each query with one of its positives and ``group_size - 1`` of its
     negatives, drawn by (seed, step, the row's corpus row number) alone, so any worker count, chunking or resume
     draws the same; no negative twice in a group while the row has others (a row with fewer repeats them in a new
-    order)."""
+    order). Vectorised over the batch: a counter-based hash per (row, slot), a sort per row's rounds."""
     wanted = ctx.group_size - 1
     scored = "positive_scores" in rows  # kept for distillation (training.kinds.corpus_rows)
-    queries, positives = [], []
-    negatives, teacher = np.empty(len(index), dtype=object), np.empty(len(index), dtype=object)
-    for i, (query, answers, row) in enumerate(zip(rows["query"], rows["positives"], index)):
-        rng = np.random.default_rng([seed, step, int(row)])
-        queries.append(str(query))
-        pick = int(rng.integers(len(answers)))
-        positives.append(str(answers[pick]))
-        order = []
-        if wanted and "negatives" in rows:
-            pool = rows["negatives"][i]
-            order = np.concatenate([rng.permutation(len(pool)) for _ in range(-(-wanted // len(pool)))])[:wanted]
-            negatives[i] = [str(pool[j]) for j in order]
-        if scored:
-            pos, neg = rows["positive_scores"][i], rows["negative_scores"][i]
-            teacher[i] = None if pos is None or neg is None else [float(pos[pick]), *(float(neg[j]) for j in order)]
-    drawn = {"text1": np.array(queries, dtype=object), "text2": np.array(positives, dtype=object)}
+    keys = _row_keys(seed, step, index)
+    n_pos = np.array([len(p) for p in rows["positives"]], dtype=np.uint64)
+    pick = (_mix(keys ^ np.uint64(0x5851F42D4C957F2D)) % n_pos).astype(np.int64)
+    drawn = {"text1": np.array([str(q) for q in rows["query"]], dtype=object),
+             "text2": np.array([str(p[i]) for p, i in zip(rows["positives"], pick)], dtype=object)}
+    order = np.zeros((len(index), 0), dtype=np.int64)
     if wanted and "negatives" in rows:
+        order = _negative_order(keys, np.array([len(n) for n in rows["negatives"]]), wanted)
+        negatives = np.empty(len(index), dtype=object)
+        negatives[:] = [[str(pool[j]) for j in chosen] for pool, chosen in zip(rows["negatives"], order)]
         drawn["text_neg"] = negatives
     if scored:
+        teacher = np.empty(len(index), dtype=object)
+        teacher[:] = [None if pos is None or neg is None else [float(pos[i]), *(float(neg[j]) for j in chosen)]
+                      for pos, neg, i, chosen in zip(rows["positive_scores"], rows["negative_scores"], pick, order)]
         drawn["teacher_scores"] = teacher
     return drawn
+
+
+def _negative_order(keys: np.ndarray, pool: np.ndarray, wanted: int) -> np.ndarray:
+    """[rows, wanted] positions in each row's negatives: the row's pool shuffled, then shuffled again for as many
+    rounds as ``wanted`` needs (round r's positions all come before round r + 1's)."""
+    if (pool == 0).any():
+        raise ValueError("a query group without negatives reached the draw (data.group_size needs them)")
+    rounds = -(-wanted // pool)
+    block = rounds * pool  # slots per row
+    starts = np.cumsum(block) - block
+    row_of = np.repeat(np.arange(len(pool)), block)
+    within = np.arange(block.sum()) - np.repeat(starts, block)
+    width = np.repeat(pool, block)
+    with np.errstate(over="ignore"):
+        rand = _mix(np.repeat(keys, block) ^ ((within.astype(np.uint64) + np.uint64(1)) * _GOLDEN))
+    shuffled = (within % width)[np.lexsort((rand, within // width, row_of))]
+    return shuffled[(starts[:, None] + np.arange(wanted)[None]).ravel()].reshape(len(pool), wanted)
 
 
 def text_pairs_calls(ctx: BatchContext, rows: dict[str, np.ndarray]) -> list[EncodeCall]:
