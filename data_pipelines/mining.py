@@ -237,33 +237,27 @@ class NegativeMiner:
     def __call__(self, batch: dict[str, np.ndarray]):
         """A group per query of a batch (each with every known positive), then one row without a negative carrying
         the batch's counts."""
-        from evaluation.search import RunningTopK
-
         queries = [str(q) for q in batch["text1"]]
         positives = [list(p) for p in batch["positives"]]
         q_emb = self._embed(self.model, queries, "query")
-        widest = max(len(p) for p in positives) + 1  # room for the known positives and the query itself
-        best = RunningTopK(len(queries), min(self.s.range_max + widest, max(1, self.index.rows)), device=self.device)
-        for offset, shard in self.index.shards():
-            best.add(q_emb, self.resident.get(offset, shard), offset)
-        scores, rows = best.result()
-        distinct = np.unique(rows[rows >= 0])
-        text_of = dict(zip(distinct.tolist(), self.index.take("text", distinct)))
+        found_of = self._candidates(queries, positives, q_emb)
         scorer = self.teacher or self.model
         q_scorer = self._embed(scorer, queries, "query") if self.teacher else q_emb
-        flat = [p for known in positives for p in known]
-        p_scorer = np.split(self._embed(scorer, flat, "document"), np.cumsum([len(k) for k in positives])[:-1])
+        # The documents the scorer reads (every positive; every candidate when a teacher re-scores), each encoded
+        # once for the batch: a candidate shared by many queries is not re-encoded for each.
+        documents = list(dict.fromkeys([p for known in positives for p in known]
+                                       + ([t for found in found_of for t, _ in found] if self.teacher else [])))
+        document_emb = self._embed(scorer, documents, "document")
+        row_of = {text: k for k, text in enumerate(documents)}
         out = {k: [] for k in GROUP_COLUMNS + ("batch_stats",)}
         stats = {"queries": 0, "pairs": 0, "without_negative": 0, "dropped_by_margin": 0}
-        for i, (query, known) in enumerate(zip(queries, positives)):
-            excluded = set(known) | {query}
-            found = [(text_of[r], s) for r, s in zip(rows[i].tolist(), scores[i]) if r >= 0 and text_of[r] not in excluded]
-            candidates = [t for t, _ in found[: self.s.range_max]]
+        for i, (query, known, found) in enumerate(zip(queries, positives, found_of)):
+            candidates = [t for t, _ in found]
             if self.teacher is not None and candidates:
-                cand_scores = self._embed(self.teacher, candidates, "document") @ q_scorer[i]
+                cand_scores = document_emb[[row_of[c] for c in candidates]] @ q_scorer[i]
             else:
-                cand_scores = np.asarray([s for _, s in found[: self.s.range_max]], dtype=np.float32)
-            pos_scores = p_scorer[i] @ q_scorer[i]
+                cand_scores = np.asarray([score for _, score in found], dtype=np.float32)
+            pos_scores = document_emb[[row_of[p] for p in known]] @ q_scorer[i]
             allowed = self.s.allowed(cand_scores, float(pos_scores.min()))
             ranked = [int(j) for j in np.argsort(-cand_scores, kind="stable") if allowed[j]]
             kept = self.s.pick(ranked, cand_scores, query)
@@ -279,6 +273,25 @@ class NegativeMiner:
                            ("negative_scores", []), ("batch_stats", json.dumps(stats))):
             out[key].append(value)
         return group_table(out)
+
+    def _candidates(self, queries: list[str], positives: list[list[str]], q_emb: np.ndarray):
+        """Each query's first range_max (text, score) by exact search on this actor's device, its known positives
+        and itself left out."""
+        from evaluation.search import RunningTopK
+
+        widest = max(len(p) for p in positives) + 1  # room for the known positives and the query itself
+        best = RunningTopK(len(queries), min(self.s.range_max + widest, max(1, self.index.rows)), device=self.device)
+        for offset, shard in self.index.shards():
+            best.add(q_emb, self.resident.get(offset, shard), offset)
+        scores, rows = best.result()
+        distinct = np.unique(rows[rows >= 0])
+        text_of = dict(zip(distinct.tolist(), self.index.take("text", distinct)))
+        found_of = []
+        for query, known, row, score in zip(queries, positives, rows.tolist(), scores):
+            excluded = set(known) | {query}
+            found = [(text_of[r], s) for r, s in zip(row, score) if r >= 0 and text_of[r] not in excluded]
+            found_of.append(found[: self.s.range_max])
+        return found_of
 
 
 def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool, queries_per_batch: int = 256):
