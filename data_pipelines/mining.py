@@ -115,6 +115,9 @@ def beir_pairs(source: str, split: str):
     DataReport): the qrels' pairs joined with the corpus by Ray Data, so no document text reaches the driver (which
     holds the queries and qrels, as evaluation does); a document reads "title text", as the index holds it (so a
     query's judged documents are known positives, never its negatives)."""
+    from collections import Counter
+
+    import pyarrow as pa
     import ray
 
     from data_pipelines.readers import DataReport
@@ -124,20 +127,34 @@ def beir_pairs(source: str, split: str):
     task = read_task(source, split)
     rows = [{"text1": text, "id": doc} for query, text in zip(task.query_ids, task.query_texts)
             for doc, grade in task.qrels[query].items() if grade > 0]
-    documents = corpus_dataset(source).rename_columns({"text": "text2"})
+    judged = sorted({row["id"] for row in rows})
+    # The corpus filtered to the judged documents by the tasks that read it, before any shuffle: the join then moves
+    # O(judged) rows, never the corpus.
+    documents = corpus_dataset(source).map_batches(
+        _judged_only, fn_kwargs={"ids": pa.array(judged, pa.string())}, batch_format="pyarrow",
+    ).rename_columns({"text": "text2"}).materialize()
+    held = Counter(row["id"] for row in documents.select_columns(["id"]).take_all())  # O(judged), as the qrels
+    missing, repeated = sorted(set(judged) - set(held)), sorted(doc for doc, n in held.items() if n > 1)
+    if missing:
+        raise ValueError(f"{source}: qrels/{split} judge {len(missing)} document(s) its corpus lacks, e.g. "
+                         f"{missing[:3]}")
+    if repeated:
+        raise ValueError(f"{source}: corpus.jsonl holds {len(repeated)} judged document id(s) more than once, e.g. "
+                         f"{repeated[:3]}: which text is the positive is ambiguous; keep one line per _id")
     # Partitions sized to the pairs (each joins ~100k pairs with their documents), up to Ray Data's shuffle width.
     partitions = max(1, min(ray.data.DataContext.get_current().default_hash_shuffle_parallelism,
                             -(-len(rows) // JOIN_PAIRS_PER_PARTITION)))
-    pairs = ray.data.from_items(rows).join(documents, join_type="inner", num_partitions=partitions,
-                                           on=("id",)).materialize()
-    found = pairs.count()
-    if found < len(rows):  # the error path alone brings the found ids to the driver, to name the missing ones
-        missing = {row["id"] for row in rows} - {row["id"] for row in pairs.select_columns(["id"]).take_all()}
-        raise ValueError(f"{source}: qrels/{split} judge document(s) its corpus lacks ({len(rows) - found} of "
-                         f"{len(rows)} judged pairs), e.g. {sorted(missing)[:3]}")
+    pairs = ray.data.from_items(rows).join(documents, join_type="inner", num_partitions=partitions, on=("id",))
+    found = len(rows)
     print(f"[raoe] {source}: {found} (query, judged document) pairs of {len(task.query_ids)} queries "
           f"(qrels/{split})", flush=True)
     return pairs.select_columns(["text1", "text2"]), DataReport(rows_in=found, rows_written=found, format="beir")
+
+
+def _judged_only(table, ids):
+    import pyarrow.compute as pc
+
+    return table.filter(pc.is_in(table["id"], value_set=ids))
 
 
 def query_positive_pairs(data_cfg, quarantine_path: Path):
@@ -220,7 +237,8 @@ class NegativeMiner:
         torch.set_num_threads(max(1, torch.get_num_threads()))
         device = actor_device(settings.gpus)
         self.device = device
-        self.resident = ResidentShards(device)  # the index searched on this actor's device, copied there once
+        # the index searched on this actor's device, copied there once (its share of a GPU that actors share)
+        self.resident = ResidentShards(device, share=settings.gpus)
         self.s = settings
         self.model = load_encoder(settings.model_path, device=device)
         self.teacher = load_encoder(settings.teacher_path, device=device) if settings.teacher_path else None

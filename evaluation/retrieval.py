@@ -3,7 +3,8 @@ definitions): nDCG@10 with graded gains, MRR@10, Recall@10, Recall@100 and MAP@1
 query, as fractions in [0, 1]. BEIR's conventions, each tested against the ``beir`` package and pytrec_eval:
 - a document whose id is the query's id is not a hit (``ignore_identical_ids``, on by default as in BEIR: ArguAna
   and Quora hold each query in the corpus);
-- a document id the corpus holds twice counts once, at its best score (BEIR reads the corpus into a dict);
+- a document id the corpus holds twice counts once, at its best score (raoe's rule: BEIR reads the corpus into a
+  dict, keeping one text per id, so it never ranks an id twice);
 - a query whose judgements are all 0 counts, with every metric 0;
 - documents of equal score rank by document id, the higher id first (trec_eval's order).
 

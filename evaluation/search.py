@@ -68,13 +68,14 @@ class RunningTopK:
 
 class ResidentShards:
     """An index's shards as float32 tensors on the searching actor's device, copied once and kept there while they
-    fit the budget (``RAOE_SEARCH_RESIDENT_GB``; default 2 GB on CPU, half the free memory of a GPU); the shards
+    fit the budget (``RAOE_SEARCH_RESIDENT_GB``; default 2 GB on CPU, half the free memory of a GPU times the actor's
+    share of it); the shards
     beyond it are copied from their memory maps at each pass. A mining actor searches each batch of queries against
     the whole index: without this, every batch re-read and re-copied every shard."""
 
-    def __init__(self, device: str = "cpu", budget_bytes: float | None = None):
+    def __init__(self, device: str = "cpu", budget_bytes: float | None = None, share: float = 1.0):
         self.device = device
-        self.budget = _resident_budget(device) if budget_bytes is None else budget_bytes
+        self.budget = _resident_budget(device, share) if budget_bytes is None else budget_bytes
         self.kept: dict[int, torch.Tensor] = {}
         self.kept_bytes = 0
 
@@ -89,11 +90,13 @@ class ResidentShards:
         return tensor
 
 
-def _resident_budget(device: str) -> float:
+def _resident_budget(device: str, share: float = 1.0) -> float:
+    """The bytes one actor keeps: the environment's figure, else on a GPU half its free memory times the actor's
+    share of it (actors with gpus_per_actor 0.25 each take a quarter), else CPU_RESIDENT_GB."""
     if os.environ.get(RESIDENT_ENV):
         return float(os.environ[RESIDENT_ENV]) * 2**30
     if device.startswith("cuda"):
-        return torch.cuda.mem_get_info()[0] / 2
+        return torch.cuda.mem_get_info()[0] / 2 * min(1.0, max(share, 0.0) or 1.0)
     return CPU_RESIDENT_GB * 2**30
 
 

@@ -340,7 +340,7 @@ class RetrievalTaskConfig(Section):
     """A retrieval task in the BEIR layout: a folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) or hf:<dataset>."""
 
     source: str = Field(description="BEIR folder or hf:<dataset> (NanoBEIR / MTEB layout)")
-    split: str = Field("test", description="qrels split (qrels/<split>.tsv)")
+    split: str = Field("test", description="qrels split (qrels/<split>.tsv); NanoBEIR on the hub has only train")
     name: str | None = Field(None, description="name in results and promotion rules; null = the folder's name")
     max_queries: int | None = Field(None, ge=1, description="score only the first N queries with judgements")
     ignore_identical_ids: bool = Field(

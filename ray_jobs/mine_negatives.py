@@ -60,7 +60,7 @@ class MiningConfig(Section):
     sampling: Literal["top", "random"] = Field("top", description="top: the hardest negatives_per_row; random: that "
                                                "many drawn among the kept candidates (FlagEmbedding's guard against "
                                                "unjudged positives), seeded by mining.seed and the query")
-    seed: int = Field(42, description="seed of sampling: random")
+    seed: int = Field(42, ge=0, description="seed of sampling: random")
     teacher: str | None = Field(None, description="a bi-encoder that re-scores candidates and positives (the margin "
                                 "then applies to its scores); null = the mining model's scores")
     batch_size: int = Field(64, ge=1, description="texts per encoder call")
@@ -69,24 +69,29 @@ class MiningConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _old_names(cls, values):
-        """top_k, margin and margin_type were this job's names before it took sentence-transformers': still read,
-        with a word. The old relative margin kept score <= margin x p; relative_margin = 1 - margin keeps the same
-        where p > 0, and is sign-safe where p < 0."""
+        """top_k, margin and margin_type were this job's names before it took sentence-transformers': still read in
+        a config file, with a word. The old relative margin kept score <= margin x p; relative_margin = 1 - margin
+        keeps the same where p > 0, and is sign-safe where p < 0. A config arrives with every default filled in, so
+        a new key at its default is taken as unset."""
         if not isinstance(values, dict) or not {"top_k", "margin", "margin_type"} & set(values):
             return values
-        values = dict(values)
+        values, fields = dict(values), cls.model_fields
+        set_here = [name for name in ("range_max", "relative_margin", "absolute_margin")
+                    if name in values and values[name] != fields[name].default]
         if "top_k" in values:
-            values.setdefault("range_max", values.pop("top_k"))
-        if "margin" in values:
-            margin, kind = values.pop("margin"), values.pop("margin_type", "relative")
-            values["relative_margin" if kind == "relative" else "absolute_margin"] = (
-                1 - float(margin) if kind == "relative" else margin)
-            if kind != "relative":
-                values.setdefault("relative_margin", None)
-        values.pop("margin_type", None)
+            if "range_max" in set_here:
+                raise ValueError("mining.top_k and mining.range_max both set: top_k is the old name of range_max")
+            values["range_max"] = values.pop("top_k")
+        if {"margin", "margin_type"} & set(values):
+            if {"relative_margin", "absolute_margin"} & set(set_here):
+                raise ValueError("mining.margin and mining.relative_margin / absolute_margin both set: margin and "
+                                 "margin_type are the old names")
+            margin, kind = float(values.pop("margin", 0.95)), values.pop("margin_type", "relative")
+            values["relative_margin"], values["absolute_margin"] = (1 - margin, None) if kind == "relative" else \
+                (None, margin)
         print(f"[raoe] mining.top_k / margin / margin_type are deprecated: read as range_max="
-              f"{values.get('range_max')}, absolute_margin={values.get('absolute_margin')}, relative_margin="
-              f"{values.get('relative_margin', 0.05)}", file=sys.stderr, flush=True)
+              f"{values.get('range_max', fields['range_max'].default)}, absolute_margin={values.get('absolute_margin')}, "
+              f"relative_margin={values.get('relative_margin')}", file=sys.stderr, flush=True)
         return values
 
     @model_validator(mode="after")
@@ -115,7 +120,8 @@ class MineJobConfig(EncoderPoolSection):
     def _output_path_was_renamed(cls, values):
         """``output_path`` was this job's name for ``output_dir`` (every other job's): still read, with a word."""
         if isinstance(values, dict) and "output_path" in values:
-            if "output_dir" in values:
+            default = cls.model_fields["output_dir"].default  # a config arrives with every default filled in
+            if values.get("output_dir", default) != default:
                 raise ValueError("output_path and output_dir both set: output_path is the old name of output_dir")
             values = {k: v for k, v in values.items() if k != "output_path"} | {"output_dir": values["output_path"]}
             print(f"[raoe] mine_negatives: output_path is deprecated, read as output_dir={values['output_dir']!r} "

@@ -256,14 +256,27 @@ def test_single_positive_queries_mine_what_sentence_transformers_mines(ray_local
     assert any(len(ours[q]["positives"]) == 2 for q in ours)  # two positives: one group, the lowest one's margin
 
 
-def test_mining_rules_are_bounded_named_and_the_old_keys_still_read(capsys):
+def test_mining_rules_are_bounded_named_and_the_old_keys_still_read(capsys, tmp_path):
     """Out-of-range rules are refused by key; margin / margin_type / top_k are read as sentence-transformers'
-    names; sampling: random draws among the candidates past range_min, the same for a query on any actor."""
+    names, also from a config file (where every default arrives filled in); sampling: random draws among the
+    candidates past range_min, the same for a query on any actor."""
     from pydantic import ValidationError
 
     from data_pipelines.mining import MiningSettings
+    from jobconfig import load_config
+    from jobconfig.loader import ConfigError
 
     job = _mine_job()
+    old_file = tmp_path / "old.yaml"
+    old_file.write_text("data: {train: pairs.jsonl}\nmining: {top_k: 8, margin: 0.1, margin_type: absolute}\n"
+                        "output_path: outputs/old-mined\n")
+    old = load_config(job.MineJobConfig, old_file)
+    assert (old.mining.range_max, old.mining.absolute_margin, old.mining.relative_margin) == (8, 0.1, None)
+    assert old.output_dir.endswith("outputs/old-mined")
+    with pytest.raises(ConfigError, match="top_k is the old name of range_max"):
+        load_config(job.MineJobConfig, old_file, ["mining.range_max=9"])
+    with pytest.raises(ConfigError, match="seed"):
+        load_config(job.MineJobConfig, old_file, ["mining.seed=-1"])
     for bad, key in (({"relative_margin": 1.5}, "relative_margin"), ({"absolute_margin": -0.1}, "absolute_margin"),
                      ({"range_min": 50}, "range_min"), ({"negatives_per_row": 9, "range_max": 10, "range_min": 2},
                                                         "negatives_per_row")):
@@ -330,5 +343,10 @@ def test_a_beir_folder_mines_groups_for_its_judged_pairs_among_its_corpus(ray_lo
         assert set(group["negatives"]) <= set(titled.values())
 
     lacking = write_beir(tmp_path / "lacking", corpus, queries, [*qrels, ("q1", "d99", 1)], split="train")
-    with pytest.raises(ValueError, match=r"corpus lacks \(1 of 17 judged pairs\), e.g. \['d99'\]"):
+    with pytest.raises(ValueError, match=r"judge 1 document\(s\) its corpus lacks, e.g. \['d99'\]"):
+        beir_pairs(str(lacking), "train")
+    with open(lacking / "corpus.jsonl", "a") as f:  # d3, judged, twice: which text is the positive is ambiguous
+        f.write(json.dumps({"_id": "d3", "title": "", "text": "another text"}) + "\n")
+        f.write(json.dumps({"_id": "d99", "title": "", "text": "found now"}) + "\n")
+    with pytest.raises(ValueError, match=r"holds 1 judged document id\(s\) more than once, e.g. \['d3'\]"):
         beir_pairs(str(lacking), "train")

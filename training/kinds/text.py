@@ -53,7 +53,7 @@ def draw_groups(ctx: BatchContext, rows: dict[str, np.ndarray], seed: int, step:
              "text2": np.array([str(p[i]) for p, i in zip(rows["positives"], pick)], dtype=object)}
     order = np.zeros((len(index), 0), dtype=np.int64)
     if wanted and "negatives" in rows:
-        order = _negative_order(keys, np.array([len(n) for n in rows["negatives"]]), wanted)
+        order = _negative_order(keys, np.array([len(n) for n in rows["negatives"]], dtype=np.int64), wanted)
         negatives = np.empty(len(index), dtype=object)
         negatives[:] = [[str(pool[j]) for j in chosen] for pool, chosen in zip(rows["negatives"], order)]
         drawn["text_neg"] = negatives
