@@ -96,7 +96,7 @@ def _resident_budget(device: str, share: float = 1.0) -> float:
     if os.environ.get(RESIDENT_ENV):
         return float(os.environ[RESIDENT_ENV]) * 2**30
     if device.startswith("cuda"):
-        return torch.cuda.mem_get_info()[0] / 2 * min(1.0, max(share, 0.0) or 1.0)
+        return torch.cuda.mem_get_info()[0] / 2 * (share if 0 < share < 1 else 1.0)
     return CPU_RESIDENT_GB * 2**30
 
 
