@@ -73,17 +73,18 @@ def writable_path(path: str | os.PathLike):
     return target
 
 
-def write_whole(path: str | os.PathLike, text: str) -> None:
-    """A small file a reader sees whole or not at all: one put on an object store; on a file system a staging file of
-    the writer's own (pid and a random part: threads share a pid, and nodes of a shared file system may too)
-    renamed into place."""
+def write_whole(path: str | os.PathLike, content: str | bytes) -> None:
+    """A file a reader sees whole or not at all (text, or bytes: a Parquet or .npy file made in memory): one put on
+    an object store; on a file system a staging file of the writer's own (pid and a random part: threads share a pid,
+    and nodes of a shared file system may too) renamed into place."""
     target = writable_path(path)
+    write = (lambda p: p.write_bytes(content)) if isinstance(content, bytes) else (lambda p: p.write_text(content))
     if is_uri(path):
-        target.write_text(text)
+        write(target)
         return
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-    staging.write_text(text)
+    write(staging)
     os.replace(staging, target)
 
 

@@ -86,6 +86,25 @@ def shared_ray() -> None:
         start_ray(num_cpus=2)
 
 
+def job_module(name: str):
+    """A job script of ray_jobs/ imported as a module (its config model and ``main``), as the job tests call them."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(ROOT / "ray_jobs"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "ray_jobs"))
+
+
+def private_stores(monkeypatch, tmp_path: Path) -> None:
+    """The test's own MLflow store, artifacts and raoe cache."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
+    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+
+
 class S3Bucket:
     """A bucket on the tests' S3 endpoint: ``uri(key)`` names an object, ``upload`` copies a local file or folder."""
 

@@ -1,0 +1,215 @@
+"""Exports of a trained model for other runtimes: a merged full-precision folder, ONNX and ONNX int8.
+
+``merged``: the function the model computes, as a plain sentence-transformers folder. A LoRA adapter is folded into
+its base's weights; a 4-bit or 8-bit base is dequantised first, so the merged weights are the ones the model computed
+with (merging into the original full-precision base would change it by the quantisation error); saved in fp32, bf16
+or fp16.
+
+``onnx``: that folder plus ``onnx/model.onnx``, the transformer's graph (inputs as its tokenizer names them, output
+``last_hidden_state``): sentence-transformers' own ONNX layout, its pooling and normalisation modules beside the
+graph, so ``SentenceTransformer(folder, backend="onnx")`` loads it where optimum is installed. ``onnx_int8``: the
+same with ``onnx/model_qint8.onnx``, weights quantised to 8 bits per output channel by onnxruntime's dynamic
+quantisation.
+
+``OnnxEncoder`` runs such a folder here: sentence-transformers' preprocessing, prompts, sides, pooling and
+normalisation, with the transformer's forward pass in onnxruntime."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from encoders.model_files import RAOE_META
+
+FORMATS = ("merged", "onnx", "onnx_int8")
+ONNX_FILE = {"onnx": "onnx/model.onnx", "onnx_int8": "onnx/model_qint8.onnx"}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def merged_model(model_path: str):
+    """The model at ``model_path`` as a full-precision sentence-transformers model computing the same function:
+    LoRA layers folded into their (dequantised) base weights, quantised layers dequantised."""
+    from encoders.backbone import load_encoder
+
+    model = load_encoder(model_path)
+    auto = model[0].auto_model
+    if _fold_layers(auto):
+        if hasattr(auto, "get_base_model"):  # a PeftModel around the transformer: the transformer itself
+            auto = auto.get_base_model()
+            _set_transformer(model[0], auto)
+        # the adapter's load renamed its keys (transformers' _weight_conversions) and would rename them back on save
+        for attr in ("peft_config", "hf_quantizer", "quantization_method", "_weight_conversions"):
+            if hasattr(auto, attr):
+                delattr(auto, attr)
+        auto._hf_peft_config_loaded = False
+        auto.is_quantized = False
+        if hasattr(auto.config, "quantization_config"):
+            del auto.config.quantization_config
+    auto.float()
+    model.encoder_settings = replace(model.encoder_settings, quantization="none")
+    return model
+
+
+def _fold_layers(module: torch.nn.Module) -> int:
+    """Replace every LoRA layer by a plain Linear holding base + delta, and every quantised Linear by its
+    dequantised weights; returns how many layers were replaced."""
+    replaced = 0
+    for name, child in list(module.named_children()):
+        plain = _plain_linear(child)
+        if plain is not None:
+            setattr(module, name, plain)
+            replaced += 1
+        else:
+            replaced += _fold_layers(child)
+    return replaced
+
+
+def _plain_linear(layer: torch.nn.Module) -> torch.nn.Linear | None:
+    """The nn.Linear computing what ``layer`` computes (a LoRA layer, a 4-/8-bit Linear), or None for any other."""
+    base, delta = layer, None
+    if hasattr(layer, "get_base_layer") and hasattr(layer, "lora_A"):  # peft's LoRA layer
+        base = layer.get_base_layer()
+        delta = sum((layer.get_delta_weight(a).float() for a in layer.active_adapters if a in layer.lora_A),
+                    torch.zeros(()))
+    weight = _dequantised(base)
+    if weight is None:
+        if delta is None or not isinstance(base, torch.nn.Linear):
+            return None
+        weight = base.weight.detach().float()
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=base.bias is not None)
+    with torch.no_grad():
+        linear.weight.copy_(weight + (delta if delta is not None else 0))
+        if base.bias is not None:
+            linear.bias.copy_(base.bias.detach().float())
+    return linear
+
+
+def _dequantised(layer: torch.nn.Module) -> torch.Tensor | None:
+    """A bitsandbytes 4-bit or 8-bit Linear's weight in fp32 (None for any other layer)."""
+    kind = type(layer).__name__
+    if kind == "Linear4bit":
+        import bitsandbytes.functional as bnbf
+
+        return bnbf.dequantize_4bit(layer.weight.data, layer.weight.quant_state).float()
+    if kind == "Linear8bitLt":
+        state = layer.state
+        scale = (state.SCB if state.SCB is not None else layer.weight.SCB).float()
+        return layer.weight.data.float() * scale.unsqueeze(1) / 127.0
+    return None
+
+
+def save_merged(model_path: str, out: str | Path, dtype: str = "float32") -> Path:
+    """``merged``: the full-precision model saved in ``dtype``, with raoe's settings (no quantisation, no adapter)."""
+    from encoders.backbone import export_encoder
+
+    model = merged_model(model_path)
+    model[0].auto_model.to(DTYPES[dtype])
+    out = export_encoder(model, out, meta=_source_meta(model_path) | {"exported_from": model_path, "dtype": dtype})
+    return out
+
+
+def save_onnx(merged_folder: str | Path, out: str | Path, int8: bool = False) -> Path:
+    """``onnx`` (or ``onnx_int8``): a copy of the fp32 merged folder with the transformer's graph in onnx/."""
+    out = Path(out)
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(merged_folder, out)
+    graph = out / ONNX_FILE["onnx"]
+    graph.parent.mkdir(parents=True, exist_ok=True)
+    _export_graph(merged_folder, graph)
+    if int8:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        # Per-channel scales: per-tensor int8 moved MiniLM's embeddings to cosine 0.93 of the fp32 graph's (min over
+        # 500 STS-B dev texts), per-channel uint8 to 0.99 (signed 0.987), measured here.
+        quantize_dynamic(str(graph), str(out / ONNX_FILE["onnx_int8"]), weight_type=QuantType.QUInt8,
+                         per_channel=True)
+        graph.unlink()
+    return out
+
+
+def _export_graph(folder: str | Path, target: Path) -> None:
+    """torch.onnx.export of the folder's transformer: inputs named as its tokenizer's, dynamic batch and length."""
+    from encoders.backbone import load_encoder, preprocessed
+
+    model = load_encoder(str(folder))
+    transformer = model[0].auto_model.eval()
+    sample = preprocessed(model, ["an example sentence to trace", "two"])
+    names = [k for k in model.tokenizer.model_input_names if k in sample]
+
+    class Graph(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *inputs):
+            return self.inner(**dict(zip(names, inputs))).last_hidden_state
+
+    axes = {name: {0: "batch", 1: "tokens"} for name in names} | {"last_hidden_state": {0: "batch", 1: "tokens"}}
+    with torch.no_grad():
+        torch.onnx.export(Graph(transformer), tuple(sample[n] for n in names), str(target), input_names=names,
+                          output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17, dynamo=False)
+
+
+class _OnnxForward(torch.nn.Module):
+    """Stands in for a sentence-transformers Transformer's ``auto_model``: its forward pass in onnxruntime."""
+
+    def __init__(self, graph: Path, config, threads: int | None = None):
+        import onnxruntime as ort
+
+        super().__init__()
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.config = config
+
+    def forward(self, **features):
+        from transformers.modeling_outputs import BaseModelOutput
+
+        feeds = {k: features[k].cpu().numpy() for k in self.inputs}
+        hidden = self.session.run(["last_hidden_state"], feeds)[0]
+        return BaseModelOutput(last_hidden_state=torch.from_numpy(hidden))
+
+
+def load_onnx(folder: str | Path, fmt: str = "onnx"):
+    """An ONNX export as a sentence-transformers model whose transformer runs in onnxruntime (``encode``,
+    ``encode_query``, raoe's ``inference_embeddings`` all work on it)."""
+    from encoders.backbone import load_encoder
+
+    model = load_encoder(str(folder))
+    module = model[0]
+    _set_transformer(module, _OnnxForward(Path(folder) / ONNX_FILE[fmt], module.auto_model.config))
+    return model
+
+
+def _set_transformer(module, inner: torch.nn.Module) -> None:
+    """Put ``inner`` where a sentence-transformers Transformer module runs its model (``model``; ``auto_model`` is
+    a read-only alias of it in sentence-transformers 6)."""
+    module.model = inner
+
+
+def load_export(folder: str | Path, fmt: str):
+    """A model of any export format, ready to encode."""
+    from encoders.backbone import load_encoder
+
+    return load_encoder(str(folder)) if fmt == "merged" else load_onnx(folder, fmt)
+
+
+def _source_meta(model_path: str) -> dict:
+    meta_file = Path(model_path) / RAOE_META
+    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    return {k: v for k, v in meta.items() if k in ("matryoshka_dims",)}
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine between two embedding matrices."""
+    a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+    b = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
+    return (a * b).sum(axis=1)

@@ -1,0 +1,68 @@
+"""Does an export still embed as the model it came from? Per-text cosine between the two embeddings of the same
+texts, the STS score each gives, and the export's speed on those texts (this machine)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from encoders.backbone import inference_embeddings
+from evaluation.sts import STSPairs, cosine_scores, spearman_x100
+
+
+@dataclass(frozen=True)
+class Parity:
+    min_cosine: float
+    mean_cosine: float
+    score: float  # the export's STS Spearman x100 on the sample
+    score_delta: float  # export minus source, Spearman x100 points
+    texts_per_s: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SourceEmbeddings:
+    """The source model's embeddings of the sample's distinct texts, its STS score and speed: computed once, every
+    export compared with them."""
+
+    texts: list[str]
+    embeddings: np.ndarray
+    score: float
+    texts_per_s: float
+
+
+def sample_texts(pairs: STSPairs) -> list[str]:
+    return sorted(set(pairs.sentences1) | set(pairs.sentences2))
+
+
+def embed_timed(model, texts: list[str], batch_size: int) -> tuple[np.ndarray, float]:
+    """(embeddings, texts per second): one warm-up batch first, so a lazy first call is not timed."""
+    inference_embeddings(model, texts[:batch_size], batch_size)
+    started = time.perf_counter()
+    emb = inference_embeddings(model, texts, batch_size)
+    return emb, len(texts) / max(time.perf_counter() - started, 1e-9)
+
+
+def source_embeddings(model, pairs: STSPairs, batch_size: int = 32) -> SourceEmbeddings:
+    texts = sample_texts(pairs)
+    emb, rate = embed_timed(model, texts, batch_size)
+    return SourceEmbeddings(texts, emb, _score(texts, emb, pairs), rate)
+
+
+def parity(source: SourceEmbeddings, export, pairs: STSPairs, batch_size: int = 32) -> Parity:
+    """The export's figures against the source's on the same texts."""
+    emb, rate = embed_timed(export, source.texts, batch_size)
+    a = source.embeddings / np.maximum(np.linalg.norm(source.embeddings, axis=1, keepdims=True), 1e-12)
+    b = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    cos = (a * b).sum(axis=1)
+    score = _score(source.texts, emb, pairs)
+    return Parity(float(cos.min()), float(cos.mean()), score, score - source.score, rate)
+
+
+def _score(texts: list[str], emb: np.ndarray, pairs: STSPairs) -> float:
+    index = {t: i for i, t in enumerate(texts)}
+    return spearman_x100(cosine_scores(lambda batch: emb[[index[t] for t in batch]], pairs), pairs.gold)

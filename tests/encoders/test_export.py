@@ -1,0 +1,117 @@
+"""Exports: a QLoRA model merged into its dequantised base embeds as the 4-bit model did, in a plain folder; the ONNX
+graphs run the same function with sentence-transformers' prompts and sides; the export job keeps what passes its
+parity check on a registry version's run and refuses what drifts, with the figures."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from encoders.backbone import build_encoder, export_encoder, inference_embeddings, load_encoder
+from encoders.export import cosines, load_export, save_merged, save_onnx
+from encoders.sources import resolve_model_source
+from tests.conftest import job_module, private_stores
+from tests.training.conftest import stsb_dev_folder
+
+TEXTS = ["a man is playing music.", "two dogs run in the snow", "the woman is eating food in the park with a child",
+         "a girl rides a bike", "rain"]
+
+
+@pytest.fixture(scope="module")
+def qlora_folder(tmp_path_factory):
+    """A tiny causal LM, 4-bit NF4 base with LoRA adapters whose B matrices are random (a fresh adapter is a no-op),
+    exported as training exports it: the adapter alone beside the base's name."""
+    torch.manual_seed(0)
+    model = build_encoder(resolve_model_source("tiny:qwen2"), pooling="last_token", quantization="nf4",
+                          prompt="Summarize sentence {text} in one word:", padding_side="left", max_length=48,
+                          lora={"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"})
+    with torch.no_grad():
+        for name, param in model[0].auto_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    return export_encoder(model, tmp_path_factory.mktemp("qlora") / "model")
+
+
+def test_a_qlora_model_merges_into_a_plain_folder_that_embeds_as_the_4bit_model(qlora_folder, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    source = inference_embeddings(load_encoder(str(qlora_folder)), TEXTS)
+    merged = save_merged(str(qlora_folder), tmp_path / "merged")
+    assert not (merged / "adapter_config.json").exists() and (merged / "model.safetensors").exists()
+    assert json.loads((merged / "raoe_encoder.json").read_text())["quantization"] == "none"
+    assert "quantization_config" not in json.loads((merged / "config.json").read_text())
+    plain = SentenceTransformer(str(merged), device="cpu")  # no peft, no bitsandbytes needed to load it
+    assert not any("lora" in name for name, _ in plain.named_parameters())
+    got = inference_embeddings(load_encoder(str(merged)), TEXTS)
+    assert cosines(source, got).min() > 0.9999
+    base = inference_embeddings(build_encoder(resolve_model_source("tiny:qwen2"), pooling="last_token",
+                                              prompt="Summarize sentence {text} in one word:", padding_side="left",
+                                              max_length=48), TEXTS)
+    assert cosines(base, got).min() < 0.99  # the adapters are in the merged weights
+
+    half = save_merged(str(qlora_folder), tmp_path / "merged-bf16", "bfloat16")
+    assert json.loads((half / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_onnx_graphs_embed_as_the_model_with_its_query_and_document_prompts(tmp_path):
+    """sentence-transformers' ONNX layout (onnx/model.onnx, output last_hidden_state); encode_query and
+    encode_document through onnxruntime equal the torch model's; int8 stays close and smaller."""
+    import onnx
+
+    model = build_encoder(resolve_model_source("tiny:bert"), max_length=32, query_max_length=8,
+                          prompts={"query": "query: ", "document": "passage: "})
+    source = export_encoder(model, tmp_path / "source")
+    merged = save_merged(str(source), tmp_path / "merged")
+    fp32, int8 = save_onnx(merged, tmp_path / "onnx"), save_onnx(merged, tmp_path / "onnx_int8", int8=True)
+    graph = onnx.load(str(fp32 / "onnx" / "model.onnx"))
+    assert [o.name for o in graph.graph.output] == ["last_hidden_state"]
+    assert {i.name for i in graph.graph.input} >= {"input_ids", "attention_mask"}
+    assert (int8 / "onnx" / "model_qint8.onnx").stat().st_size < (fp32 / "onnx" / "model.onnx").stat().st_size
+    torch_model, onnx_model = load_encoder(str(source)), load_export(fp32, "onnx")
+    for encode in ("encode_query", "encode_document"):
+        want, got = getattr(torch_model, encode)(TEXTS), getattr(onnx_model, encode)(TEXTS)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert cosines(torch_model.encode_query(TEXTS), torch_model.encode_document(TEXTS)).min() < 0.999  # sides differ
+    assert cosines(torch_model.encode_query(TEXTS), load_export(int8, "onnx_int8").encode_query(TEXTS)).min() > 0.9
+
+
+def test_the_export_job_logs_what_passes_on_the_version_and_refuses_what_drifts(tmp_path, monkeypatch, s3):
+    """A registry alias as the source: merged and onnx pass and land on S3 and on the version's run (artifacts,
+    tags, description); onnx_int8 under a threshold it cannot reach is refused, the job failing with its figures."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from tracking.model_registry import log_and_register
+
+    private_stores(monkeypatch, tmp_path)
+    folder = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "model")
+    mlflow.set_experiment("raoe-test")
+    with mlflow.start_run() as run:
+        version = log_and_register(folder, run.info.run_id, "raoe-export-test")["version"]
+    client = MlflowClient()
+    client.set_registered_model_alias("raoe-export-test", "champion", str(version))
+    job = job_module("export")
+    cfg = job.ExportJobConfig(model={"source": "models:/raoe-export-test@champion"},
+                              export={"formats": ["merged", "onnx", "onnx_int8"], "sample_pairs": 24,
+                                      "min_cosine_int8": 1.0},
+                              eval={"data_dir": str(stsb_dev_folder(tmp_path / "senteval"))}, output_dir=s3.uri("exports"))
+    with pytest.raises(job.ExportRefused, match=r"onnx_int8: min cosine 0\.\d+ \(needs 1\.0\).*Kept: merged, onnx"):
+        job.main(cfg)
+    from storage.paths import storage_path
+
+    assert storage_path(s3.uri("exports/onnx/onnx/model.onnx")).exists()
+    assert not storage_path(s3.uri("exports/onnx_int8")).exists()
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "exports")}
+    assert artifacts == {"exports/merged", "exports/onnx"}
+    held = client.get_model_version("raoe-export-test", str(version))
+    assert float(held.tags["export.onnx.min_cosine"]) > 0.9999 and "export.onnx_int8.min_cosine" not in held.tags
+    assert "## Exports" in held.description and "| onnx |" in held.description
+
+    passing = job.main(cfg.model_copy(update={"export": cfg.export.model_copy(update={"min_cosine_int8": 0.5})}))
+    assert set(passing["exports"]) == {"merged", "onnx", "onnx_int8"}
+    for figures in passing["exports"].values():
+        assert {"path", "min_cosine", "mean_cosine", "score_delta", "texts_per_s"} <= set(figures)
+        assert figures["texts_per_s"] > 0 and abs(figures["score_delta"]) <= 0.5
+    assert passing["model_version"] == f"models:/raoe-export-test/{version}"
+    assert client.get_model_version("raoe-export-test", str(version)).description.count("## Exports") == 1
