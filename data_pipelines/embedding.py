@@ -35,7 +35,7 @@ DATA, VECTORS = "data", "npy"  # the Parquet shards (a dataset of their own), th
 SPEC = "spec.json"  # the model and settings every shard of the folder holds; written before the first shard
 MANIFEST = "manifest.json"  # written last: the shards of the finished corpus, rows and dimension
 BEIR_JSONL = "beir_jsonl"  # JSON lines with _id (a BEIR corpus.jsonl): its ids are the documents' own
-SPEC_VERSION = 1
+SPEC_VERSION = 2  # 2: shard names include the file's name (two files of the same bytes are two shards)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def plan_shards(source: str, fmt: str = "auto", split: str | None = None) -> tup
         spans = read_spans("jsonl" if file_fmt == BEIR_JSONL else file_fmt, file, SPAN_BYTES) if splittable else [None]
         for span in spans:
             where = [None, None, None] if span is None else [span.start, span.end, span.first_line]
-            name = hashlib.sha1(json.dumps([digest, file_fmt, split, *where]).encode()).hexdigest()[:20]
+            name = hashlib.sha1(json.dumps([label, digest, file_fmt, split, *where]).encode()).hexdigest()[:20]
             shards.append(PlannedShard(name, str(file), label, file_fmt, split, *where))
     return shards, "+".join(dict.fromkeys(formats))
 
@@ -145,6 +145,15 @@ def finished_shards(folder: str) -> set[str]:
             if name.endswith(".parquet") and "/" not in name}
 
 
+def remove_shards(folder: str, names: list[str]) -> None:
+    """Delete shards (their Parquet first: a half-removed shard counts as unfinished), vectors and quarantine."""
+    for name in names:
+        for part, ext in ((DATA, "parquet"), (VECTORS, "npy"), ("quarantine", "jsonl")):
+            target = storage_path(join(folder, part, f"{name}.{ext}"))
+            if target.exists():
+                target.unlink()
+
+
 def check_spec(folder: str, spec: dict) -> None:
     """Write ``spec.json`` into a new folder; refuse a folder whose shards hold another model's or settings' vectors."""
     target = storage_path(join(folder, SPEC))
@@ -167,6 +176,7 @@ class ShardEmbedder:
 
         self.encoder = SentenceEncoderActor(settings.model_path, settings.batch_size, settings.gpus_per_actor,
                                             normalise=settings.normalize, side=settings.side)
+        self.width = int(self.encoder.model.get_embedding_dimension())  # an empty shard's vectors have it too
         self.settings, self.folder = settings, folder
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
@@ -183,13 +193,13 @@ class ShardEmbedder:
                 write_whole(join(self.folder, "quarantine", f"{shard.name}.jsonl"),
                             "".join(json.dumps(b) + "\n" for b in bad))
             emb = self.encoder({"text": np.array(texts, dtype=object)})["embedding"] if texts else \
-                np.zeros((0, 0), np.float32)
+                np.zeros((0, self.width), np.float32)
             write_shard(self.folder, shard.name, ids, text_hashes(texts), emb)
             done["shard"].append(shard.name)
             done["rows"].append(len(ids))
             done["bad"].append(len(bad))
             done["seconds"].append(time.perf_counter() - started)
-            done["dim"].append(int(emb.shape[1]) if emb.ndim == 2 else 0)
+            done["dim"].append(int(emb.shape[1]))
         return done
 
 
@@ -202,9 +212,7 @@ def write_shard(folder: str, name: str, ids: list[str], hashes: list[str], emb: 
     buffer = io.BytesIO()
     np.save(buffer, emb)
     write_whole(join(folder, VECTORS, f"{name}.npy"), buffer.getvalue())
-    dim = emb.shape[1] if emb.ndim == 2 and len(emb) else 0
-    vectors = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1), pa.float32()), dim) if dim else \
-        pa.array([], pa.list_(pa.float32()))
+    vectors = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1), pa.float32()), emb.shape[1])
     table = pa.table({"id": pa.array(ids, pa.string()), "text_hash": pa.array(hashes, pa.string()),
                       "embedding": vectors})
     sink = io.BytesIO()
@@ -220,7 +228,8 @@ def embed_shards(todo: list[PlannedShard], settings: EmbedSettings, folder: str,
         return []
     items = [{"shard": json.dumps(asdict(s))} for s in todo]
     ds = ray.data.from_items(items, override_num_blocks=len(items))
-    written = ds.map_batches(ShardEmbedder, batch_size=1, compute=ray.data.ActorPoolStrategy(size=pool.actors),
+    actors = min(pool.actors, len(todo))  # an actor with no shard would load the model for nothing
+    written = ds.map_batches(ShardEmbedder, batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors),
                              fn_constructor_args=(settings, folder),
                              **pool_resources(pool.cpus_per_actor, pool.gpus_per_actor))
     return written.take_all()

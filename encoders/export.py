@@ -16,6 +16,7 @@ normalisation, with the transformer's forward pass in onnxruntime."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 from dataclasses import replace
@@ -140,7 +141,8 @@ def _export_graph(folder: str | Path, target: Path) -> None:
     model = load_encoder(str(folder))
     transformer = model[0].auto_model.eval()
     sample = preprocessed(model, ["an example sentence to trace", "two"])
-    names = [k for k in model.tokenizer.model_input_names if k in sample]
+    accepted = inspect.signature(transformer.forward).parameters  # a tokenizer may emit what the model does not take
+    names = [k for k in model.tokenizer.model_input_names if k in sample and k in accepted]
 
     class Graph(torch.nn.Module):
         def __init__(self, inner):
@@ -200,6 +202,22 @@ def load_export(folder: str | Path, fmt: str):
     from encoders.backbone import load_encoder
 
     return load_encoder(str(folder)) if fmt == "merged" else load_onnx(folder, fmt)
+
+
+def cached_export(model_path: str, fmt: str) -> Path:
+    """An export of ``model_path`` built once per model content and format under RAOE_CACHE/exports (a serving
+    replica asked for ONNX builds it on its first start; ray_jobs/export.py checks its parity)."""
+    from encoders.cache import building, cache_root
+    from storage.digests import tree_digest
+
+    target = cache_root() / "exports" / f"{tree_digest(model_path)[:20]}-{fmt}"
+    if not (target / ".complete").exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with building(target) as staging:
+            merged = save_merged(model_path, staging / "merged")
+            if fmt != "merged":
+                save_onnx(merged, staging / fmt, int8=fmt == "onnx_int8")
+    return target / fmt
 
 
 def _source_meta(model_path: str) -> dict:

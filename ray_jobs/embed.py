@@ -70,19 +70,21 @@ def main(cfg: EmbedJobConfig) -> dict:
         embed_shards,
         finished_shards,
         plan_shards,
+        remove_shards,
     )
     from encoders.devices import gpus_wanted_here
     from encoders.model_uris import resolve_model
     from evaluation.corpus_index import model_fingerprint
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
-    from storage.paths import join, write_whole
+    from storage.paths import join, remove_tree, storage_path, write_whole
 
     model_path = resolve_model(cfg.model.source)  # fails here, before any Ray resource, if it cannot be found
     out = cfg.output_dir.rstrip("/")
     shards, fmt = plan_shards(cfg.data.train, cfg.data.format, cfg.data.split)
     side = None if cfg.embed.side == "none" else cfg.embed.side
-    spec = {"version": SPEC_VERSION, "model": cfg.model.source, "model_fingerprint": model_fingerprint(model_path),
+    spec = {"version": SPEC_VERSION, "data": cfg.data.train, "model": cfg.model.source,
+            "model_fingerprint": model_fingerprint(model_path),
             "side": side, "normalize": cfg.embed.normalize, "format": fmt}
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     gpus_wanted_here({"gpus_per_actor": cfg.gpus_per_actor})
@@ -91,6 +93,7 @@ def main(cfg: EmbedJobConfig) -> dict:
     started = time.time()
     with ray_session(outputs={"output_dir": out}, shared_filesystem=cfg.shared_filesystem):
         check_spec(out, spec)  # before any shard: another model's vectors are never mixed in
+        remove_tree(storage_path(join(out, MANIFEST)))  # until this run ends, the folder is not a finished corpus
         finished = finished_shards(out)
         todo = [s for s in shards if s.name not in finished]
         print(f"[raoe] embed: {len(shards)} shard(s) of {cfg.data.train} ({fmt}); {len(shards) - len(todo)} already "
@@ -101,10 +104,11 @@ def main(cfg: EmbedJobConfig) -> dict:
     seconds = time.time() - started
     rows = sum(int(w["rows"]) for w in written)
     manifest = _manifest(join(out, DATA), shards, written)
-    write_whole(join(out, MANIFEST), json.dumps(manifest, indent=1))
     stale = sorted(finished - {s.name for s in shards})
+    remove_shards(out, stale)  # of files of this corpus that changed since: data/ holds this corpus alone
+    write_whole(join(out, MANIFEST), json.dumps(manifest, indent=1))
     result = {"output_dir": out, "shards": len(shards), "shards_written": len(written),
-              "shards_skipped": len(shards) - len(todo), "stale_shards": len(stale), "rows_written": rows,
+              "shards_skipped": len(shards) - len(todo), "stale_shards_removed": len(stale), "rows_written": rows,
               "rows_total": manifest["rows"], "rows_quarantined": sum(int(w["bad"]) for w in written),
               "dim": manifest["dim"], "seconds": seconds, "encode_seconds": encode_seconds,
               "rows_per_s": rows / encode_seconds if rows else 0.0,
@@ -112,8 +116,8 @@ def main(cfg: EmbedJobConfig) -> dict:
               "rows_per_actor_s": rows / max(sum(float(w["seconds"]) for w in written), 1e-9) if rows else 0.0,
               "model": cfg.model.source}
     if stale:
-        print(f"[raoe] {len(stale)} shard(s) in {out} are not of this corpus (its files changed): they are left there "
-              f"and not in {MANIFEST}", flush=True)
+        print(f"[raoe] removed {len(stale)} shard(s) of files of {cfg.data.train} that changed since they were embedded",
+              flush=True)
     with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
         mlflow.log_params({"model.source": cfg.model.source, "data.train": cfg.data.train, "output_dir": out,
                            **{f"embed.{k}": v for k, v in cfg.embed.model_dump().items()}, "actors": cfg.actors})

@@ -79,12 +79,14 @@ def main(cfg: ExportJobConfig) -> dict:
 
     from encoders.backbone import load_encoder
     from encoders.export import load_export, save_merged, save_onnx
-    from encoders.model_uris import resolve_model
+    from encoders.model_uris import resolve_alias, resolve_model
     from evaluation.parity import parity, source_embeddings
     from evaluation.sts import load_task
-    from storage.paths import staged_folder
+    from storage.paths import join, remove_tree, staged_folder, storage_path
 
-    model_path = resolve_model(cfg.model.source)  # fails here if it cannot be found
+    # an alias is pinned once: the version exported is the version its exports are logged on, however long this takes
+    source = resolve_alias(cfg.model.source) if cfg.model.source.startswith("models:/") else cfg.model.source
+    model_path = resolve_model(source)  # fails here if it cannot be found
     pairs = load_task(cfg.eval.data_dir, "STSBenchmark", "dev")
     if pairs is None:
         raise FileNotFoundError(f"eval.data_dir={cfg.eval.data_dir!r} holds no STS/STSBenchmark/sts-dev.csv: the "
@@ -93,7 +95,7 @@ def main(cfg: ExportJobConfig) -> dict:
     e = cfg.export
     print(f"[raoe] export {cfg.model.source}: {', '.join(e.formats)}; parity on {len(pairs.gold)} STS-B dev pairs",
           flush=True)
-    source = source_embeddings(load_encoder(model_path), pairs, e.batch_size)
+    reference = source_embeddings(load_encoder(model_path), pairs, e.batch_size)
     figures, refused = {}, {}
     with tempfile.TemporaryDirectory(prefix="raoe-export-") as scratch:
         scratch = Path(scratch)
@@ -105,7 +107,7 @@ def main(cfg: ExportJobConfig) -> dict:
                 built[fmt] = merged_fp32 if e.dtype == "float32" else save_merged(model_path, scratch / fmt, e.dtype)
             else:
                 built[fmt] = save_onnx(merged_fp32, scratch / fmt, int8=fmt == "onnx_int8")
-            check = parity(source, load_export(built[fmt], fmt), pairs, e.batch_size)
+            check = parity(reference, load_export(built[fmt], fmt), pairs, e.batch_size)
             least = _least_cosine(fmt, e)
             figures[fmt] = {**check.as_dict(), "min_cosine_required": least}
             print(f"[raoe] {fmt}: cosine min {check.min_cosine:.6f} mean {check.mean_cosine:.6f}, STS-B dev "
@@ -121,7 +123,9 @@ def main(cfg: ExportJobConfig) -> dict:
                 shutil.copytree(built[fmt], target)
             staged.publish()
             paths = {fmt: staged.final(staged.local / fmt) for fmt in kept}
-            logged = _log(cfg, {fmt: staged.local / fmt for fmt in kept}, figures, source)
+            for fmt in refused:  # an earlier run's export of a format refused now is not left as if it passed
+                remove_tree(storage_path(join(cfg.output_dir, fmt)))
+            logged = _log(cfg, source, {fmt: staged.local / fmt for fmt in kept}, figures, refused, reference)
     exports = {fmt: {"path": paths[fmt], **figures[fmt]} for fmt in kept}
     if refused:
         listed = "; ".join(f"{fmt}: min cosine {f['min_cosine']:.6f} (needs {f['min_cosine_required']}), STS-B delta "
@@ -129,8 +133,8 @@ def main(cfg: ExportJobConfig) -> dict:
         kept_note = f". Kept: {', '.join(kept)} under {cfg.output_dir}" if kept else ""
         raise ExportRefused(f"export refused, its embeddings drifted from the source: {listed}{kept_note}", figures,
                             sorted(refused))
-    return {"model": cfg.model.source, "source_texts_per_s": source.texts_per_s, "source_sts_score": source.score,
-            "exports": exports, **logged}
+    return {"model": cfg.model.source, "source_texts_per_s": reference.texts_per_s,
+            "source_sts_score": reference.score, "exports": exports, **logged}
 
 
 def _least_cosine(fmt: str, e: ExportSection) -> float:
@@ -139,44 +143,60 @@ def _least_cosine(fmt: str, e: ExportSection) -> float:
     return e.min_cosine_half if fmt == "merged" and e.dtype != "float32" else e.min_cosine_fp32
 
 
-def _log(cfg: ExportJobConfig, folders: dict, figures: dict, source) -> dict:
+def _log(cfg: ExportJobConfig, source: str, folders: dict, figures: dict, refused: dict, reference) -> dict:
     """Artifacts and figures: on the registry version's run when the source is one (tags and description too),
-    else on a run of its own."""
+    else on a run of its own. ``source``: the model source with its alias pinned to a version."""
     import mlflow
     from mlflow import MlflowClient
 
-    from encoders.model_uris import resolve_alias
     from runtime.tracking_store import ensure_experiment, tracking_uri
     from tracking.promotion import set_version_tag
 
     client = MlflowClient()
-    resolved = resolve_alias(cfg.model.source) if cfg.model.source.startswith("models:/") else None
-    if resolved:
-        name, version = resolved.removeprefix("models:/").split("/", 1)
-        run_id = client.get_model_version(name, version).run_id
-    else:
+    version = None
+    if source.startswith("models:/"):
+        name, version = source.removeprefix("models:/").split("/", 1)
+        held = client.get_model_version(name, version)
+        run_id = held.run_id or held.tags.get("run_id")  # MLflow 3 may register a logged model outside any run
+    if version is None or not run_id:
         with mlflow.start_run(experiment_id=ensure_experiment(cfg.tracking.experiment),
                               run_name=cfg.tracking.run_name) as run:
-            mlflow.log_param("model.source", cfg.model.source)
+            mlflow.log_param("model.source", source)
             run_id = run.info.run_id
     for fmt, folder in folders.items():
         client.log_artifacts(run_id, str(folder), artifact_path=f"exports/{fmt}")
         for key, value in figures[fmt].items():
             client.log_metric(run_id, f"export_{fmt}_{key}", float(value))
-    if resolved:
+    if version is not None:
         for fmt in folders:
-            for key in ("min_cosine", "mean_cosine", "score_delta", "texts_per_s"):
+            for key in PARITY_TAGS:
                 set_version_tag(client, name, version, f"export.{fmt}.{key}", f"{figures[fmt][key]:.6g}")
-        old = client.get_model_version(name, version).description or ""
-        card = _parity_card(folders, figures, source, run_id)
-        kept = old[: old.index("## Exports")] if "## Exports" in old else old  # a rerun replaces its own section
-        client.update_model_version(name, version, description=(kept.rstrip() + card).strip())
-    return {"run_id": run_id, "tracking_uri": tracking_uri(), **({"model_version": resolved} if resolved else {})}
+        for fmt in refused:  # an earlier run's figures of a format refused now would read as passing
+            for key in PARITY_TAGS:
+                if f"export.{fmt}.{key}" in held.tags:
+                    client.delete_model_version_tag(name, version, f"export.{fmt}.{key}")
+        card = _parity_card(folders, figures, reference, run_id)
+        client.update_model_version(name, version, description=with_section(held.description or "", card))
+    return {"run_id": run_id, "tracking_uri": tracking_uri(), **({"model_version": source} if version else {})}
 
 
-def _parity_card(folders: dict, figures: dict, source, run_id: str) -> str:
-    lines = ["", "", "## Exports", "", f"Checked on {len(source.texts)} STS-B dev texts against the source "
-             f"(STS-B dev {source.score:.2f}, {source.texts_per_s:.0f} texts/s here); artifacts under "
+PARITY_TAGS = ("min_cosine", "mean_cosine", "score_delta", "texts_per_s")
+
+
+def with_section(description: str, card: str) -> str:
+    """The model card with its "## Exports" section replaced by ``card`` (added at the end the first time); the
+    sections before and after it stay."""
+    import re
+
+    section = re.compile(r"^## Exports\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
+    if section.search(description):
+        return section.sub(lambda _: card.strip() + "\n\n", description, count=1).strip()
+    return (description.rstrip() + "\n\n" + card.strip()).strip()
+
+
+def _parity_card(folders: dict, figures: dict, reference, run_id: str) -> str:
+    lines = ["## Exports", "", f"Checked on {len(reference.texts)} STS-B dev texts against the source "
+             f"(STS-B dev {reference.score:.2f}, {reference.texts_per_s:.0f} texts/s here); artifacts under "
              f"runs:/{run_id}/exports/<format>.", "",
              "| format | min cosine | mean cosine | STS-B delta | texts/s |", "|---|---|---|---|---|"]
     lines += [f"| {fmt} | {figures[fmt]['min_cosine']:.6f} | {figures[fmt]['mean_cosine']:.6f} | "

@@ -27,9 +27,10 @@ def _shards(folder: Path) -> dict[str, dict]:
 
 
 def test_a_corpus_embeds_as_encode_document_and_a_rerun_skips_what_is_written(ray_local, tmp_path, monkeypatch):
-    """Two files (txt with a blank line, JSON lines in a subfolder) are two shards; each row's id is <file>:<line>,
-    its hash the text's, its vector sentence-transformers' encode_document (the model's document prompt). A rerun
-    after losing one shard writes that one alone, the same; other settings into the folder are refused by name."""
+    """Three files (txt with a blank line, JSON lines in a subfolder, a copy of the txt) are three shards; each row's
+    id is <file>:<line>, its hash the text's, its vector sentence-transformers' encode_document (the model's document
+    prompt). A rerun after losing one shard writes that one alone, the same; a file changed since has its old shard
+    removed; other settings or another corpus into the folder are refused by name."""
     from sentence_transformers import SentenceTransformer
 
     from encoders.backbone import build_encoder, export_encoder
@@ -44,6 +45,7 @@ def test_a_corpus_embeds_as_encode_document_and_a_rerun_skips_what_is_written(ra
     (corpus / "a.txt").write_text("\n".join(txt) + "\n")
     jsonl = ["a violin in the snow", "rain over the harbor at night", "an engine", "bread and silver"]
     (corpus / "sub" / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in jsonl))
+    (corpus / "sub" / "copy.txt").write_text((corpus / "a.txt").read_text())  # the same bytes: a shard of its own
     job = job_module("embed")
     out = tmp_path / "embeddings"
     cfg = job.EmbedJobConfig(model={"source": str(model)}, data={"train": str(corpus)}, output_dir=str(out),
@@ -51,7 +53,8 @@ def test_a_corpus_embeds_as_encode_document_and_a_rerun_skips_what_is_written(ra
     first = job.main(cfg)
 
     texts = {"a.txt:1": txt[0], "a.txt:3": txt[2], "a.txt:4": txt[3],
-             **{f"sub/b.jsonl:{i + 1}": t for i, t in enumerate(jsonl)}}
+             **{f"sub/b.jsonl:{i + 1}": t for i, t in enumerate(jsonl)},
+             "sub/copy.txt:1": txt[0], "sub/copy.txt:3": txt[2], "sub/copy.txt:4": txt[3]}
     rows = _shards(out)
     assert set(rows) == set(texts)
     reference = SentenceTransformer(str(model), device="cpu").encode_document(list(texts.values()))
@@ -60,22 +63,31 @@ def test_a_corpus_embeds_as_encode_document_and_a_rerun_skips_what_is_written(ra
     for (row_id, text), expected in zip(texts.items(), reference):
         assert rows[row_id][0] == hashlib.sha1(text.encode()).hexdigest()[:16]
         np.testing.assert_allclose(rows[row_id][1], expected, rtol=1e-4, atol=1e-5)
-    assert first["shards"] == first["shards_written"] == 2 and first["shards_skipped"] == 0
+    assert first["shards"] == first["shards_written"] == 3 and first["shards_skipped"] == 0
     assert first["rows_written"] == first["rows_total"] == len(texts) and first["dim"] == reference.shape[1]
     manifest = json.loads((out / "manifest.json").read_text())
-    assert [s["file"] for s in manifest["shards"]] == ["a.txt", "sub/b.jsonl"] and manifest["rows"] == len(texts)
+    assert [s["file"] for s in manifest["shards"]] == ["a.txt", "sub/b.jsonl", "sub/copy.txt"]
+    assert manifest["rows"] == len(texts)
 
-    kept, lost = sorted((out / "data").glob("*.parquet"), key=lambda p: pq_rows(p))  # a.txt: 3 rows, b.jsonl: 4
-    stamp = kept.stat().st_mtime_ns
+    *kept, lost = sorted((out / "data").glob("*.parquet"), key=lambda p: pq_rows(p))  # the txt: 3 rows, b.jsonl: 4
+    stamps = [k.stat().st_mtime_ns for k in kept]
     lost.unlink()  # as if the job had been killed while writing it
     again = job.main(cfg)
-    assert again["shards_skipped"] == 1 and again["shards_written"] == 1 and again["rows_written"] == len(jsonl)
-    assert again["rows_total"] == len(texts) and kept.stat().st_mtime_ns == stamp
+    assert again["shards_skipped"] == 2 and again["shards_written"] == 1 and again["rows_written"] == len(jsonl)
+    assert again["rows_total"] == len(texts) and [k.stat().st_mtime_ns for k in kept] == stamps
     for row_id, (digest, vector) in _shards(out).items():
         assert digest == rows[row_id][0] and np.allclose(vector, rows[row_id][1], atol=1e-6)
 
+    (corpus / "sub" / "copy.txt").write_text("a new line\n")  # changed since: its old shard goes
+    changed = job.main(cfg)
+    assert changed["shards_written"] == 1 and changed["stale_shards_removed"] == 1 and changed["rows_total"] == 8
+    assert len(list((out / "data").glob("*.parquet"))) == len(list((out / "npy").glob("*.npy"))) == 3
+    assert set(_shards(out)) == set(texts) - {"sub/copy.txt:3", "sub/copy.txt:4"}
+
     with pytest.raises(ValueError, match="normalize: False there, True now"):
         job.main(cfg.model_copy(update={"embed": cfg.embed.model_copy(update={"normalize": True})}))
+    with pytest.raises(ValueError, match="data: .* there"):
+        job.main(cfg.model_copy(update={"data": cfg.data.model_copy(update={"train": str(corpus / "sub")})}))
 
 
 def pq_rows(path: Path) -> int:

@@ -115,3 +115,12 @@ def test_the_export_job_logs_what_passes_on_the_version_and_refuses_what_drifts(
         assert figures["texts_per_s"] > 0 and abs(figures["score_delta"]) <= 0.5
     assert passing["model_version"] == f"models:/raoe-export-test/{version}"
     assert client.get_model_version("raoe-export-test", str(version)).description.count("## Exports") == 1
+
+    client.update_model_version("raoe-export-test", str(version), description=client.get_model_version(
+        "raoe-export-test", str(version)).description + "\n\n## Notes\n\nkept by hand")
+    with pytest.raises(job.ExportRefused):  # int8 refused again: its earlier export and figures do not stay
+        job.main(cfg)
+    held = client.get_model_version("raoe-export-test", str(version))
+    assert not storage_path(s3.uri("exports/onnx_int8")).exists() and "export.onnx_int8.min_cosine" not in held.tags
+    assert held.description.count("## Exports") == 1 and "| onnx_int8 |" not in held.description
+    assert held.description.endswith("## Notes\n\nkept by hand")
