@@ -80,7 +80,9 @@ def main(cfg: ServeJobConfig, block: bool | None = None) -> dict:
     scale = {"autoscaling_config": s.autoscaling.model_dump()} if s.autoscaling else {"num_replicas": s.replicas}
     # the driver's MLflow store, caches and hub settings reach the replicas (a cluster's workers do not see them)
     actor = {"num_cpus": s.cpus_per_replica, "runtime_env": {"env_vars": worker_env()}}
-    deployment = EmbeddingServer.options(ray_actor_options=actor, **scale)
+    # A replica takes up to two batches' requests at once (Serve's default is 5): with fewer, Serve's router holds
+    # the rest back and retries with a backoff, and 32 single-text clients waited seconds for batches of five.
+    deployment = EmbeddingServer.options(ray_actor_options=actor, max_ongoing_requests=2 * s.max_batch_size, **scale)
     serve.start(http_options={"host": s.host, "port": s.port})
     serve.run(deployment.bind(settings), name=s.app_name, route_prefix="/", blocking=False)
     url = f"http://{s.host}:{s.port}"

@@ -169,7 +169,13 @@ class EmbeddingServer:
 
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.005)
     async def embed_batch(self, requests: list[tuple[list[str], str | None]]) -> list[tuple[np.ndarray, str]]:
-        """Every waiting request's texts in one encoder call per prompt name, split back per request."""
+        """Every waiting request's texts in one encoder call per prompt name, split back per request. The encoding
+        runs off the event loop (torch releases the GIL), so requests keep arriving and form the next batch."""
+        import asyncio
+
+        return await asyncio.get_running_loop().run_in_executor(None, self._encode, requests)
+
+    def _encode(self, requests: list[tuple[list[str], str | None]]) -> list[tuple[np.ndarray, str]]:
         from encoders.backbone import inference_embeddings
 
         loaded = self.loaded

@@ -1,0 +1,131 @@
+"""The serving endpoint under load: requests/s, texts/s and p50/p99 latency for 1, 8 and 32 concurrent clients sending
+1 and 32 texts, for a torch replica and an ONNX int8 replica of the MiniLM student, against sentence-transformers'
+``encode`` in one process on the same texts (the ceiling: no HTTP, no batching wait).
+
+  python benchmarks/serving.py [--seconds 20]
+
+One replica holding every CPU on a local Ray (its HTTP proxy and the clients share the machine); the clients are one
+asyncio loop (aiohttp) here, each sending its next request when the last one is answered, for ``--seconds`` per
+cell. Texts: STS-B dev sentences. Results: ``benchmarks/results/serving.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "ray_jobs"))
+
+from benchmarks.common import machine, write_results  # noqa: E402
+
+MODEL = "pypi:all-minilm-l6-v2"
+SENTEVAL = ROOT.parent / "shared" / "data" / "senteval"
+CLIENTS, SIZES = (1, 8, 32), (1, 32)
+
+
+def sentences() -> list[str]:
+    from evaluation.sts import load_task
+
+    pairs = load_task(SENTEVAL, "STSBenchmark", "dev")
+    return list(dict.fromkeys(pairs.sentences1 + pairs.sentences2))
+
+
+async def load(url: str, texts: list[str], clients: int, size: int, seconds: float) -> dict:
+    """``clients`` closed-loop clients for ``seconds``: latency of every answered request."""
+    import aiohttp
+
+    latencies, failures, stop = [], 0, time.perf_counter() + seconds
+
+    async def client(k: int, session) -> None:
+        nonlocal failures
+        i = k * 997
+        while time.perf_counter() < stop:
+            batch = [texts[(i + j) % len(texts)] for j in range(size)]
+            i += size
+            started = time.perf_counter()
+            async with session.post(f"{url}/v1/embeddings", json={"input": batch}) as answer:
+                await answer.read()
+                if answer.status != 200:
+                    failures += 1
+                    continue
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
+        await asyncio.gather(*(client(k, session) for k in range(clients)))
+    wall = time.perf_counter() - started
+    latencies.sort()
+    n = len(latencies)
+    return {"requests": n, "failures": failures, "requests_per_s": n / wall, "texts_per_s": n * size / wall,
+            "p50_ms": 1000 * latencies[n // 2] if n else None,
+            "p99_ms": 1000 * latencies[min(n - 1, int(0.99 * n))] if n else None}
+
+
+def ceiling(texts: list[str]) -> float:
+    """sentence-transformers' encode of the texts in one process, batch 32: texts/s."""
+    from sentence_transformers import SentenceTransformer
+
+    from encoders.model_uris import resolve_model
+
+    model = SentenceTransformer(resolve_model(MODEL), device="cpu")
+    model.encode(texts[:64], batch_size=32)
+    started = time.perf_counter()
+    model.encode(texts, batch_size=32)
+    return len(texts) / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=20.0, help="load per cell")
+    args = parser.parse_args()
+    import serve as job
+    from ray import serve
+
+    texts = sentences()
+    best = ceiling(texts)
+    cpus = os.cpu_count() or 1
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow.db"
+        os.environ["RAOE_RAY_DASHBOARD"] = "0"
+        for fmt in ("torch", "onnx_int8"):
+            cfg = job.ServeJobConfig(model={"source": MODEL},
+                                     serve={"port": 8017, "format": fmt, "cpus_per_replica": float(cpus),
+                                            "max_batch_size": 32, "max_texts": 64})
+            url = job.main(cfg, block=False)["url"]
+            asyncio.run(load(url, texts, 4, 1, 3.0))  # warm
+            for size in SIZES:
+                for clients in CLIENTS:
+                    cell = asyncio.run(load(url, texts, clients, size, args.seconds))
+                    results[f"{fmt} {clients}x{size}"] = {"format": fmt, "clients": clients, "texts": size, **cell}
+                    print(fmt, clients, size, cell, flush=True)
+            serve.delete(cfg.serve.app_name)
+        serve.shutdown()
+    lines = ["# Serving the MiniLM student: throughput and latency", "",
+             f"One replica with {cpus} CPUs on a local Ray; closed-loop clients (aiohttp, one loop) on the same machine, "
+             f"{args.seconds:g} s per cell; STS-B dev sentences. Ceiling: sentence-transformers' `encode` in one "
+             f"process, batch 32: **{best:.0f} texts/s**.", "",
+             "| replica | clients | texts per request | requests/s | texts/s | vs ceiling | p50 ms | p99 ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in results.values():
+        lines.append(f"| {row['format']} | {row['clients']} | {row['texts']} | {row['requests_per_s']:.1f} | "
+                     f"{row['texts_per_s']:.0f} | {row['texts_per_s'] / best:.2f}x | {row['p50_ms']:.0f} | "
+                     f"{row['p99_ms']:.0f} |")
+    target = results["torch 32x1"]
+    lines += ["", f"- Target (issue 40), 32 concurrent single-text clients on the torch replica: at least 0.8x the "
+              f"ceiling's texts/s and p99 under 250 ms. Measured {target['texts_per_s'] / best:.2f}x, p99 "
+              f"{target['p99_ms']:.0f} ms."]
+    payload = {"machine": machine(), "model": MODEL, "seconds": args.seconds, "ceiling_texts_per_s": best,
+               "results": results}
+    print(write_results("serving", payload, "\n".join(lines) + "\n").read_text())
+
+
+if __name__ == "__main__":
+    main()
