@@ -53,7 +53,8 @@ def main() -> None:
 
         pairs = load_task(SENTEVAL, "STSBenchmark", "dev").head(args.pairs)
         source = source_embeddings(load_encoder(resolve_model(MODEL)), pairs, 32)
-    names = {"merged": "merged folder (torch fp32)", "onnx": "ONNX fp32", "onnx_int8": "ONNX int8 (per-channel)"}
+    names = {"merged": "merged folder (torch fp32)", "onnx": "ONNX fp32",
+             "onnx_int8": "ONNX int8 (up-projections, per-channel)"}
     lines = ["# Exports of the MiniLM student: parity and speed", "",
              f"`{MODEL}`; the texts of the first {args.pairs} STS-B dev pairs ({len(source.texts):,} texts), batch 32, "
              f"{os.cpu_count()} CPUs. Cosine: each text's export embedding against the torch model's.", "",
