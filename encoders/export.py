@@ -28,6 +28,7 @@ import torch
 from encoders.model_files import RAOE_META
 
 FORMATS = ("merged", "onnx", "onnx_int8")
+EXPORT_VERSION = 2  # in cached exports' names: 2 quantises the up-projections alone (1 quantised every MatMul)
 ONNX_FILE = {"onnx": "onnx/model.onnx", "onnx_int8": "onnx/model_qint8.onnx"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -222,7 +223,7 @@ def cached_export(model_path: str, fmt: str) -> Path:
     from encoders.cache import building, cache_root
     from storage.digests import tree_digest
 
-    target = cache_root() / "exports" / f"{tree_digest(model_path)[:20]}-{fmt}"
+    target = cache_root() / "exports" / f"{tree_digest(model_path)[:20]}-{fmt}-v{EXPORT_VERSION}"
     if not (target / ".complete").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with building(target) as staging:
