@@ -87,12 +87,13 @@ def test_the_export_job_logs_what_passes_on_the_version_and_refuses_what_drifts(
     import mlflow
     from mlflow import MlflowClient
 
+    from runtime.tracking_store import ensure_experiment
     from tracking.model_registry import log_and_register
 
     private_stores(monkeypatch, tmp_path)
     folder = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "model")
-    mlflow.set_experiment("raoe-test")
-    with mlflow.start_run() as run:
+    experiment = ensure_experiment("raoe-test")  # MLflow here on the test's store (never a global experiment)
+    with mlflow.start_run(experiment_id=experiment) as run:
         version = log_and_register(folder, run.info.run_id, "raoe-export-test")["version"]
     client = MlflowClient()
     client.set_registered_model_alias("raoe-export-test", "champion", str(version))

@@ -19,7 +19,7 @@ TEXTS = ["a man is playing music", "two dogs run in the snow", "the market opens
 TOKEN = "test-token-1234"
 
 
-def _register(tmp_path, name: str, seed: int) -> tuple[int, str]:
+def _register(tmp_path, experiment: str, name: str, seed: int) -> tuple[int, str]:
     import mlflow
     import torch
 
@@ -35,22 +35,23 @@ def _register(tmp_path, name: str, seed: int) -> tuple[int, str]:
             param.add_(torch.randn_like(param) * 0.05)  # two versions that embed differently
     with_matryoshka(model, [16, 32])
     folder = export_encoder(model, tmp_path / f"model-{seed}")
-    with mlflow.start_run() as run:
+    with mlflow.start_run(experiment_id=experiment) as run:
         return log_and_register(folder, run.info.run_id, name)["version"], str(folder)
 
 
 @pytest.fixture
 def endpoint(ray_local, tmp_path, monkeypatch):
     """A deployment of models:/raoe-serve-test@champion (version 1), the token in RAOE_TEST_SERVE_TOKEN."""
-    import mlflow
     from mlflow import MlflowClient
     from ray import serve
 
+    from runtime.tracking_store import ensure_experiment
+
     private_stores(monkeypatch, tmp_path)
     monkeypatch.setenv("RAOE_TEST_SERVE_TOKEN", TOKEN)
-    mlflow.set_experiment("raoe-test")
-    v1, folder1 = _register(tmp_path, "raoe-serve-test", 1)
-    v2, folder2 = _register(tmp_path, "raoe-serve-test", 2)
+    experiment = ensure_experiment("raoe-test")  # MLflow here on the test's store, as the replicas will be
+    v1, folder1 = _register(tmp_path, experiment, "raoe-serve-test", 1)
+    v2, folder2 = _register(tmp_path, experiment, "raoe-serve-test", 2)
     MlflowClient().set_registered_model_alias("raoe-serve-test", "champion", str(v1))
     job = job_module("serve")
     port = _free_port()
