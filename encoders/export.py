@@ -22,7 +22,6 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from encoders.model_files import RAOE_META
@@ -238,9 +237,3 @@ def _source_meta(model_path: str) -> dict:
     meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
     return {k: v for k, v in meta.items() if k in ("matryoshka_dims",)}
 
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise cosine between two embedding matrices."""
-    a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
-    b = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
-    return (a * b).sum(axis=1)

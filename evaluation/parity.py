@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from encoders.backbone import inference_embeddings
+from evaluation.search import normalised
 from evaluation.sts import STSPairs, cosine_scores, spearman_x100
 
 
@@ -56,11 +57,14 @@ def source_embeddings(model, pairs: STSPairs, batch_size: int = 32) -> SourceEmb
 def parity(source: SourceEmbeddings, export, pairs: STSPairs, batch_size: int = 32) -> Parity:
     """The export's figures against the source's on the same texts."""
     emb, rate = embed_timed(export, source.texts, batch_size)
-    a = source.embeddings / np.maximum(np.linalg.norm(source.embeddings, axis=1, keepdims=True), 1e-12)
-    b = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
-    cos = (a * b).sum(axis=1)
+    cos = cosines(source.embeddings, emb)
     score = _score(source.texts, emb, pairs)
     return Parity(float(cos.min()), float(cos.mean()), score, score - source.score, rate)
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine between two embedding matrices of the same texts."""
+    return (normalised(a) * normalised(b)).sum(axis=1)
 
 
 def _score(texts: list[str], emb: np.ndarray, pairs: STSPairs) -> float:

@@ -17,6 +17,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 
+from evaluation.search import normalised
+
 app = FastAPI(title="raoe embeddings")
 
 
@@ -70,8 +72,9 @@ def load_model(settings: ServeSettings) -> LoadedModel:
                        names)
 
 
-def parse_request(body, loaded: LoadedModel, settings: ServeSettings) -> tuple[list[str], str | None, int | None, str]:
-    """(texts, prompt name, dimensions, encoding format) of an OpenAI embeddings request, or RequestError."""
+def parse_request(body, loaded: LoadedModel,
+                  settings: ServeSettings) -> tuple[list[str], str | None, int | None, str, int]:
+    """(texts, prompt name, dimensions, encoding format, tokens) of an OpenAI embeddings request, or RequestError."""
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object with 'input'")
     texts = body.get("input")
@@ -95,20 +98,18 @@ def parse_request(body, loaded: LoadedModel, settings: ServeSettings) -> tuple[l
     fmt = body.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise RequestError(f"encoding_format must be 'float' or 'base64', got {fmt!r}", "encoding_format")
-    tokenizer = loaded.model.tokenizer
-    for i, text in enumerate(texts):
-        tokens = len(tokenizer(text, add_special_tokens=True)["input_ids"])
+    counts = [len(ids) for ids in loaded.model.tokenizer(texts, add_special_tokens=True)["input_ids"]]
+    for i, tokens in enumerate(counts):
         if tokens > loaded.max_tokens:
             raise RequestError(f"input[{i}] is {tokens} tokens; this model reads at most {loaded.max_tokens}",
                                "input")
-    return texts, prompt, dims, fmt
+    return texts, prompt, dims, fmt, sum(counts)
 
 
 def response(vectors: np.ndarray, dims: int | None, fmt: str, model: str, tokens: int) -> dict:
     """OpenAI's embeddings response; a Matryoshka size is cut and renormalised."""
     if dims is not None and dims < vectors.shape[1]:
-        vectors = vectors[:, :dims]
-        vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True).clip(min=1e-12)
+        vectors = normalised(vectors, dims)
     vectors = np.ascontiguousarray(vectors, dtype="<f4")
     data = [{"object": "embedding", "index": i,
              "embedding": base64.b64encode(v.tobytes()).decode() if fmt == "base64" else v.tolist()}
@@ -159,11 +160,10 @@ class EmbeddingServer:
             return error(RequestError("the body is not JSON"))
         loaded = self.loaded
         try:
-            texts, prompt, dims, fmt = parse_request(body, loaded, self.settings)
+            texts, prompt, dims, fmt, tokens = parse_request(body, loaded, self.settings)
         except RequestError as exc:
             return error(exc)
         vectors, version = await self.embed_batch((texts, prompt))
-        tokens = sum(len(loaded.model.tokenizer(t)["input_ids"]) for t in texts)
         out = response(vectors, dims, fmt, body.get("model") or self.settings.source, tokens)
         return JSONResponse(out, headers={"x-raoe-model-version": version})
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from encoders.backbone import build_encoder, export_encoder, inference_embeddings, load_encoder
-from encoders.export import cosines, expanding_matmuls, load_export, save_merged, save_onnx
+from encoders.export import expanding_matmuls, load_export, save_merged, save_onnx
 from encoders.sources import resolve_model_source
+from evaluation.parity import cosines
 from tests.conftest import job_module, private_stores
 from tests.training.conftest import stsb_dev_folder
 
