@@ -1,5 +1,6 @@
 """The retrieval suite of one model: each task's corpus encoded by the Ray Data actor pool into a cached index,
-its queries encoded by the same pool, exact top-100 search shard by shard, BEIR's metrics."""
+its queries encoded by the same pool, exact top-100 search by actors that hold the index's shards between them
+(evaluation.search_actors), BEIR's metrics."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import numpy as np
 
 from encoders.devices import EncoderPool
-from evaluation.corpus_index import CorpusIndex, corpus_index, file_fingerprint, index_outputs
+from evaluation.corpus_index import corpus_index, file_fingerprint, index_outputs
 from evaluation.retrieval import (
     HUB_PREFIX,
     SEARCH_DEPTH,
@@ -20,7 +21,6 @@ from evaluation.retrieval import (
     read_task,
     score_rankings,
 )
-from evaluation.search import RunningTopK
 from storage.digests import hub_revision
 from storage.paths import storage_path
 
@@ -73,52 +73,47 @@ def corpus_key(source: str) -> str:
     return file_fingerprint(storage_path(source) / "corpus.jsonl")
 
 
-def search_index(index: CorpusIndex, query_embeddings: np.ndarray, k: int = SEARCH_DEPTH,
-                 dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k corpus rows of each (unit-length) query embedding, shard by shard; at the leading ``dim``
-    dimensions of both, renormalised, when given (the index holds the whole embeddings)."""
-    from evaluation.search import normalised
-
-    best = RunningTopK(len(query_embeddings), min(k, max(1, index.rows)))
-    queries = query_embeddings if dim is None else normalised(query_embeddings, dim)
-    for offset, shard in index.shards():
-        best.add(queries, shard if dim is None else normalised(shard, dim), offset)
-    return best.result()
-
-
 def evaluate_task(model_path: str, task: RetrievalTask, *, pool: EncoderPool, batch_size: int,
-                  per_query: dict | None = None, dim: int | None = None,
-                  queries_cache: dict | None = None) -> dict[str, float]:
-    """BEIR's five metrics of one task for one model (at its leading ``dim`` dimensions when given; the queries'
-    whole embeddings kept in ``queries_cache`` by task for the next size)."""
+                  dims: list[int | None], per_query: dict | None = None) -> dict[int | None, dict[str, float]]:
+    """BEIR's five metrics of one task for one model at each of ``dims`` (None: the whole embedding; an int: its
+    leading dimensions, a Matryoshka size), searched by actors that hold the corpus index between them while every
+    size is scored (the queries encoded once, whole, and cut to each size)."""
     from evaluation.encode import ray_encode
     from evaluation.search import normalised
+    from evaluation.search_actors import search_actors
 
     print(f"retrieval {task.name}: {len(task.query_ids)} queries", flush=True)
     index = corpus_index(corpus_dataset(task.source), model_path, corpus_key(task.source), pool=pool,
                          batch_size=batch_size)
-    cache = {} if queries_cache is None else queries_cache
-    if task.name not in cache:
-        cache[task.name] = normalised(ray_encode(model_path, task.query_texts, batch_size=batch_size, pool=pool,
-                                                 side="query"))
-    queries = cache[task.name]
-    scores, rows = search_index(index, queries, dim=dim)
-    ranked = rankings(task, scores, rows, lambda found: index.take("id", found))
-    means, queries_scored = score_rankings(task, ranked)
-    if per_query is not None:
-        per_query[task.name] = queries_scored
-    return means
+    queries = normalised(ray_encode(model_path, task.query_texts, batch_size=batch_size, pool=pool, side="query"))
+    results = {}
+    with search_actors(index, pool) as searcher:
+        for dim in dims:
+            scores, rows = searcher.search(queries, SEARCH_DEPTH, dim=dim)
+            ranked = rankings(task, scores, rows, lambda found: index.take("id", found))
+            results[dim], queries_scored = score_rankings(task, ranked)
+            if per_query is not None and dim == dims[0]:
+                per_query[task.name] = queries_scored
+    return results
+
+
+def evaluate_retrieval_at(model_path: str, tasks, dims: list[int | None], *, pool: EncoderPool, batch_size: int = 64,
+                          per_query: dict | None = None) -> dict[int | None, dict[str, dict[str, float]]]:
+    """{size: {task name: {metric: value}}} for the configured tasks (each with source, split, name, max_queries) at
+    each size of ``dims`` (None: the whole embedding), each corpus encoded and loaded into the search actors once;
+    ``per_query`` gets the per-query scores at the first size."""
+    results: dict = {dim: {} for dim in dims}
+    for spec in tasks:
+        task = read_task(spec.source, spec.split, spec.name, spec.max_queries, spec.ignore_identical_ids)
+        found = evaluate_task(model_path, task, pool=pool, batch_size=batch_size, dims=list(dims),
+                              per_query=per_query)
+        for dim, means in found.items():
+            results[dim][task.name] = means
+    return results
 
 
 def evaluate_retrieval(model_path: str, tasks, *, pool: EncoderPool, batch_size: int = 64,
-                       per_query: dict | None = None, dim: int | None = None,
-                       queries_cache: dict | None = None) -> dict[str, dict[str, float]]:
-    """{task name: {metric: value}} for the configured tasks (each with source, split, name, max_queries), at the
-    model's leading ``dim`` dimensions when given (its corpus index is the same one; ``queries_cache`` shares the
-    queries' embeddings between sizes)."""
-    results = {}
-    for spec in tasks:
-        task = read_task(spec.source, spec.split, spec.name, spec.max_queries, spec.ignore_identical_ids)
-        results[task.name] = evaluate_task(model_path, task, pool=pool, batch_size=batch_size, per_query=per_query,
-                                           dim=dim, queries_cache=queries_cache)
-    return results
+                       per_query: dict | None = None, dim: int | None = None) -> dict[str, dict[str, float]]:
+    """{task name: {metric: value}} at one size (the model's leading ``dim`` dimensions when given)."""
+    return evaluate_retrieval_at(model_path, tasks, [dim], pool=pool, batch_size=batch_size,
+                                 per_query=per_query)[dim]

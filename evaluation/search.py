@@ -49,13 +49,14 @@ class RunningTopK:
         rows = torch.arange(offset, offset + len(corpus), device=self.device)
         for start in range(0, self.scores.shape[0], query_block):
             q = torch.as_tensor(np.asarray(queries[start : start + query_block], dtype=np.float32), device=self.device)
-            block = q @ corpus.T
-            self._merge(slice(start, start + len(q)), block, rows)
+            block = (q.to(corpus.dtype) @ corpus.T).float()  # an fp16 shard on a GPU: fp16 product, fp32 merge
+            top, pos = _top_lowest_first(block, min(self.k, block.shape[1]))
+            self.merge(slice(start, start + len(q)), top, rows[pos])
 
-    def _merge(self, where: slice, block: torch.Tensor, rows: torch.Tensor) -> None:
-        top, pos = _top_lowest_first(block, min(self.k, block.shape[1]))
-        scores = torch.cat([self.scores[where], top], dim=1)
-        cand = torch.cat([self.rows[where], rows[pos]], dim=1)
+    def merge(self, where: slice, scores: np.ndarray | torch.Tensor, rows: np.ndarray | torch.Tensor) -> None:
+        """Merge found (score, row) candidates of the queries ``where`` (another searcher's top-k, -1 rows none)."""
+        scores = torch.cat([self.scores[where], _tensor(scores, self.device).float()], dim=1)
+        cand = torch.cat([self.rows[where], _tensor(rows, self.device).long()], dim=1)
         # best first; among equal scores the lower row number (a stable order over row numbers, then by score)
         by_row = torch.argsort(torch.where(cand < 0, torch.iinfo(torch.long).max, cand), dim=1, stable=True)
         scores, cand = scores.gather(1, by_row), cand.gather(1, by_row)
@@ -64,6 +65,11 @@ class RunningTopK:
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         return self.scores.cpu().numpy(), self.rows.cpu().numpy()
+
+
+def _tensor(values: np.ndarray | torch.Tensor, device: str) -> torch.Tensor:
+    """On the device; an array another process sent (read-only) copied, a tensor as it is."""
+    return values.to(device) if isinstance(values, torch.Tensor) else torch.from_numpy(np.array(values)).to(device)
 
 
 class ResidentShards:
@@ -101,15 +107,24 @@ def _resident_budget(device: str, share: float = 1.0) -> float:
 
 
 def _top_lowest_first(block: torch.Tensor, take: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's ``take`` largest entries and their columns; among entries equal to the ``take``-th largest the
-    lowest columns (``torch.topk`` picks any of them)."""
-    kth = torch.topk(block, take, dim=1).values[:, -1:]
+    """Each row's ``take`` largest entries and their columns, ascending by column; among entries equal to the
+    ``take``-th largest the lowest columns (``torch.topk`` picks any of them). Only the rows whose ``take``-th place
+    is shared by more entries than fit pay for the tie rule (a pass over their columns)."""
+    values, pos = torch.topk(block, take, dim=1)
+    kth = values[:, -1:]
+    crowded = ((block >= kth).sum(dim=1) > take).nonzero()[:, 0]
+    if len(crowded):
+        pos[crowded] = _lowest_of_tied(block[crowded], kth[crowded], take)
+    pos = pos.sort(dim=1).values
+    return block.gather(1, pos), pos
+
+
+def _lowest_of_tied(block: torch.Tensor, kth: torch.Tensor, take: int) -> torch.Tensor:
     above = block > kth
     tied = block == kth
     room = take - above.sum(dim=1, keepdim=True)  # the tied entries each row still takes, lowest column first
     keep = above | (tied & (tied.cumsum(dim=1) <= room))
-    pos = keep.nonzero()[:, 1].view(block.shape[0], take)  # row-major: each row's kept columns, ascending
-    return block.gather(1, pos), pos
+    return keep.nonzero()[:, 1].view(block.shape[0], take)  # row-major: each row's kept columns, ascending
 
 
 def exact_top_k(queries: np.ndarray, corpus: np.ndarray, k: int, chunk_rows: int = 16384) -> tuple[np.ndarray, np.ndarray]:

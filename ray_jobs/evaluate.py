@@ -85,7 +85,7 @@ def main(cfg: EvaluateJobConfig) -> dict:
     from encoders.model_uris import is_model_uri, resolve_model
     from evaluation.encode import score_with_ray
     from evaluation.retrieval import dims_table, plot_per_query, retrieval_table
-    from evaluation.retrieval_suite import evaluate_retrieval, retrieval_outputs
+    from evaluation.retrieval_suite import evaluate_retrieval_at, retrieval_outputs
     from evaluation.sts import plot_cosine_vs_gold
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
@@ -109,15 +109,15 @@ def main(cfg: EvaluateJobConfig) -> dict:
         with ray_session(outputs=retrieval_outputs(cfg.eval), shared_filesystem=cfg.shared_filesystem):
             metrics = score_with_ray(model_path, cfg.eval, pool=cfg.encoder_pool(),
                                      predictions=predictions, score=scorer, cache=cache)
-            queries: dict = {}  # each task's query embeddings, encoded once for every size
-            retrieval = evaluate_retrieval(model_path, cfg.eval.retrieval, pool=cfg.encoder_pool(),
-                                           batch_size=cfg.eval.batch_size, per_query=per_query, queries_cache=queries)
+            # every size searched while the search actors hold each task's corpus index
+            by_size = evaluate_retrieval_at(model_path, cfg.eval.retrieval, [None, *cfg.eval.dims],
+                                            pool=cfg.encoder_pool(), batch_size=cfg.eval.batch_size,
+                                            per_query=per_query)
+            retrieval = by_size[None]
             for dim in cfg.eval.dims:  # the same encodings (cache) and corpus indexes, cut to ``dim``
                 by_dim[dim] = {"metrics": score_with_ray(model_path, cfg.eval, pool=cfg.encoder_pool(), cache=cache,
                                                          dim=dim),
-                               "retrieval": evaluate_retrieval(model_path, cfg.eval.retrieval, pool=cfg.encoder_pool(),
-                                                               batch_size=cfg.eval.batch_size, dim=dim,
-                                                               queries_cache=queries)}
+                               "retrieval": by_size[dim]}
             if scorer is not None:
                 relational = _relational_report(model_path, cfg, out.local / f"{safe}-relations.png", cache)
         print(f"{'task':<18}Spearman x100")

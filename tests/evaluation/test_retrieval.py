@@ -175,6 +175,46 @@ def test_chunked_search_equals_a_full_sort(chunk_rows, k):
     assert (tied > k - above).any()  # some query's k-th place is shared by more rows than fit: the boundary rule ran
 
 
+def test_search_actors_holding_shards_between_them_equal_one_pass(tmp_path, ray_local, monkeypatch):
+    """Three actors hold runs of an index's six shards of unequal sizes: their merged top-k equals one pass over the
+    whole index, with real ties (small integer vectors: exact in float32 on any CPU) between shards that different
+    actors hold ordered lower row first, k beyond one actor's rows and the query block split over calls; a
+    Matryoshka size searched by the same actors scores as the cut, renormalised one-pass search."""
+    from encoders.devices import EncoderPool
+    from evaluation import search_actors as module
+    from evaluation.corpus_index import CorpusIndex, write_shard
+    from evaluation.search import normalised
+
+    rng = np.random.default_rng(5)
+    sizes = [16, 5, 20, 12, 30, 9]
+    corpus = rng.integers(-3, 4, size=(sum(sizes), 8)).astype(np.float32)
+    corpus[88] = corpus[2]  # the same row in the first actor's shards and the last's
+    queries = rng.integers(-3, 4, size=(11, 8)).astype(np.float32)
+    queries[0] = corpus[2]
+    names, start = [], 0
+    for size in sizes:
+        rows = range(start, start + size)
+        batch = {"id": np.array([f"d{i}" for i in rows], dtype=object), "embedding": corpus[start : start + size]}
+        names += write_shard(batch, str(tmp_path))["shard"]
+        start += size
+    (tmp_path / "meta.json").write_text(json.dumps({"rows": start, "dim": 8, "shards": names, "text": False}))
+    assert module.assign_shards(sizes, 3) == [[0, 1, 2], [3, 4], [5]]
+    monkeypatch.setattr(module, "QUERIES_PER_CALL", 4)
+    with module.search_actors(CorpusIndex.at(str(tmp_path)), EncoderPool(actors=3, cpus_per_actor=0.5)) as searcher:
+        assert len(searcher.actors) == 3
+        scores, rows = searcher.search(queries, 25)
+        cut_scores, cut_rows = searcher.search(queries, 25, dim=4)
+    full = queries.astype(np.int64) @ corpus.astype(np.int64).T  # exact
+    expected = np.argsort(-full, axis=1, kind="stable")[:, :25]
+    np.testing.assert_array_equal(rows, expected)
+    np.testing.assert_array_equal(scores, np.take_along_axis(full, expected, 1))
+    assert rows[0, 0] == 2 and rows[0, 1] == 88
+    cosines = normalised(queries, 4).astype(np.float64) @ normalised(corpus, 4).astype(np.float64).T
+    best = -np.sort(-cosines, axis=1)[:, :25]
+    np.testing.assert_allclose(np.take_along_axis(cosines, cut_rows, 1), best, atol=1e-5)  # the best rows, any tie
+    np.testing.assert_allclose(cut_scores, best, atol=1e-5)
+
+
 def write_beir(folder, corpus: dict[str, str], queries: dict[str, str], qrels: list[tuple[str, str, int]],
                split="test"):
     folder.mkdir(parents=True, exist_ok=True)
