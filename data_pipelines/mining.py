@@ -225,58 +225,88 @@ def _collect_positives(group: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"text1": np.array([str(group["text1"][0])], dtype=object), "positives": out}
 
 
-class NegativeMiner:
-    """A Ray Data actor: the mining model (and teacher) loaded once, the index's shards memory-mapped."""
+def _unit_embeddings(model, texts: list[str], batch_size: int, side: str) -> np.ndarray:
+    """Unit embeddings of queries or documents, each with its own prompt and length (model.prompts)."""
+    from encoders.backbone import inference_embeddings
+    from evaluation.search import normalised
+
+    return normalised(inference_embeddings(model, texts, batch_size, side))
+
+
+def _scores_of_positives(model, queries: list[str], q_emb: np.ndarray, positives: list[list[str]],
+                         batch_size: int) -> list[np.ndarray]:
+    """Each query's score with each of its known positives, every distinct positive of the batch encoded once."""
+    documents = list(dict.fromkeys(p for known in positives for p in known))
+    document_emb = _unit_embeddings(model, documents, batch_size, "document")
+    row_of = {text: k for k, text in enumerate(documents)}
+    return [document_emb[[row_of[p] for p in known]] @ q_emb[i] for i, known in enumerate(positives)]
+
+
+class QueryEncoder:
+    """Phase 1, a Ray Data actor: each query's unit embedding and its scores with its known positives by the mining
+    model (loaded once per actor)."""
 
     def __init__(self, settings: MiningSettings):
-        import torch
-
         from encoders.backbone import load_encoder
-        from evaluation.search import ResidentShards
 
-        torch.set_num_threads(max(1, torch.get_num_threads()))
-        device = actor_device(settings.gpus)
-        self.device = device
-        # the index searched on this actor's device, copied there once (its share of a GPU that actors share)
-        self.resident = ResidentShards(device, share=settings.gpus)
         self.s = settings
-        self.model = load_encoder(settings.model_path, device=device)
-        self.teacher = load_encoder(settings.teacher_path, device=device) if settings.teacher_path else None
+        self.model = load_encoder(settings.model_path, device=actor_device(settings.gpus))
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        queries = [str(q) for q in batch["text1"]]
+        positives = [list(p) for p in batch["positives"]]
+        q_emb = _unit_embeddings(self.model, queries, self.s.batch_size, "query")
+        scores = np.empty(len(queries), dtype=object)
+        scores[:] = [np.asarray(p, dtype=np.float32) for p in
+                     _scores_of_positives(self.model, queries, q_emb, positives, self.s.batch_size)]
+        return {"text1": batch["text1"], "positives": batch["positives"], "query_embedding": q_emb,
+                "positive_scores": scores}
+
+
+def _search_candidates(batch: dict[str, np.ndarray], actors: list, rows: int, range_max: int) -> dict[str, np.ndarray]:
+    """Phase 2, a Ray Data task holding no CPU: each query's first ``range_max`` + (its batch's most known positives
+    + 1) index rows by exact search on the search actors, room for the positives and the query itself to be left
+    out."""
+    from evaluation.search_actors import SearchActors
+
+    widest = max(len(p) for p in batch["positives"]) + 1
+    scores, found = SearchActors(actors, rows).search(batch["query_embedding"], range_max + widest)
+    listed = lambda values: np.array([v[r >= 0] for v, r in zip(values, found)] + [None], dtype=object)[:-1]  # noqa: E731
+    return {"text1": batch["text1"], "positives": batch["positives"], "query_embedding": batch["query_embedding"],
+            "positive_scores": batch["positive_scores"], "candidate_rows": listed(found),
+            "candidate_scores": listed(scores)}
+
+
+class NegativeMiner:
+    """Phase 3, a Ray Data actor: the candidates' texts looked up in the index, the known positives and the query
+    left out, the margins and bounds applied against the query's lowest positive, the negatives picked; with a
+    teacher (loaded once per actor) the positives and candidates re-scored by it first."""
+
+    def __init__(self, settings: MiningSettings):
+        from encoders.backbone import load_encoder
+
+        self.s = settings
+        self.teacher = load_encoder(settings.teacher_path, device=actor_device(settings.gpus)) \
+            if settings.teacher_path else None
         self.index = CorpusIndex.at(settings.index_path)  # texts looked up per batch, never held whole; on object
         # storage from this node's copy, made once per node
-
-    def _embed(self, model, texts: list[str], side: str) -> np.ndarray:
-        """Unit embeddings of queries or documents, each with its own prompt and length (model.prompts)."""
-        from encoders.backbone import inference_embeddings
-        from evaluation.search import normalised
-
-        return normalised(inference_embeddings(model, texts, self.s.batch_size, side))
 
     def __call__(self, batch: dict[str, np.ndarray]):
         """A group per query of a batch (each with every known positive), then one row without a negative carrying
         the batch's counts."""
         queries = [str(q) for q in batch["text1"]]
         positives = [list(p) for p in batch["positives"]]
-        q_emb = self._embed(self.model, queries, "query")
-        found_of = self._candidates(queries, positives, q_emb)
-        scorer = self.teacher or self.model
-        q_scorer = self._embed(scorer, queries, "query") if self.teacher else q_emb
-        # The documents the scorer reads (every positive; every candidate when a teacher re-scores), each encoded
-        # once for the batch: a candidate shared by many queries is not re-encoded for each.
-        documents = list(dict.fromkeys([p for known in positives for p in known]
-                                       + ([t for found in found_of for t, _ in found] if self.teacher else [])))
-        document_emb = self._embed(scorer, documents, "document")
-        row_of = {text: k for k, text in enumerate(documents)}
+        found_of = self._candidates(queries, positives, batch["candidate_rows"], batch["candidate_scores"])
+        pos_scores_of, cand_scores_of = list(batch["positive_scores"]), [
+            np.asarray([score for _, score in found], dtype=np.float32) for found in found_of]
+        if self.teacher is not None:
+            pos_scores_of, cand_scores_of = self._teacher_scores(queries, positives, found_of)
         out = {k: [] for k in GROUP_COLUMNS + ("batch_stats",)}
         stats = {"queries": 0, "pairs": 0, "without_negative": 0, "dropped_by_margin": 0}
-        for i, (query, known, found) in enumerate(zip(queries, positives, found_of)):
+        for query, known, found, pos_scores, cand_scores in zip(queries, positives, found_of, pos_scores_of,
+                                                                cand_scores_of):
             candidates = [t for t, _ in found]
-            if self.teacher is not None and candidates:
-                cand_scores = document_emb[[row_of[c] for c in candidates]] @ q_scorer[i]
-            else:
-                cand_scores = np.asarray([score for _, score in found], dtype=np.float32)
-            pos_scores = document_emb[[row_of[p] for p in known]] @ q_scorer[i]
-            allowed = self.s.allowed(cand_scores, float(pos_scores.min()))
+            allowed = self.s.allowed(cand_scores, float(np.min(pos_scores)))
             ranked = [int(j) for j in np.argsort(-cand_scores, kind="stable") if allowed[j]]
             kept = self.s.pick(ranked, cand_scores, query)
             stats["queries"] += 1
@@ -292,34 +322,65 @@ class NegativeMiner:
             out[key].append(value)
         return group_table(out)
 
-    def _candidates(self, queries: list[str], positives: list[list[str]], q_emb: np.ndarray):
-        """Each query's first range_max (text, score) by exact search on this actor's device, its known positives
-        and itself left out."""
-        from evaluation.search import RunningTopK
-
-        widest = max(len(p) for p in positives) + 1  # room for the known positives and the query itself
-        best = RunningTopK(len(queries), min(self.s.range_max + widest, max(1, self.index.rows)), device=self.device)
-        for offset, shard in self.index.shards():
-            best.add(q_emb, self.resident.get(offset, shard), offset)
-        scores, rows = best.result()
-        distinct = np.unique(rows[rows >= 0])
+    def _candidates(self, queries: list[str], positives: list[list[str]], rows_of, scores_of):
+        """Each query's first range_max (text, score) found, its known positives and itself left out."""
+        distinct = np.unique(np.concatenate([np.asarray(r, dtype=np.int64) for r in rows_of] + [np.zeros(0, np.int64)]))
         text_of = dict(zip(distinct.tolist(), self.index.take("text", distinct)))
         found_of = []
-        for query, known, row, score in zip(queries, positives, rows.tolist(), scores):
+        for query, known, rows, scores in zip(queries, positives, rows_of, scores_of):
             excluded = set(known) | {query}
-            found = [(text_of[r], s) for r, s in zip(row, score) if r >= 0 and text_of[r] not in excluded]
+            found = [(text_of[int(r)], float(s)) for r, s in zip(rows, scores) if text_of[int(r)] not in excluded]
             found_of.append(found[: self.s.range_max])
         return found_of
 
+    def _teacher_scores(self, queries: list[str], positives: list[list[str]], found_of):
+        """The teacher's scores of each query's positives and candidates, every distinct document encoded once for
+        the batch (a candidate shared by many queries is not re-encoded for each)."""
+        q_emb = _unit_embeddings(self.teacher, queries, self.s.batch_size, "query")
+        documents = list(dict.fromkeys([p for known in positives for p in known]
+                                       + [t for found in found_of for t, _ in found]))
+        document_emb = _unit_embeddings(self.teacher, documents, self.s.batch_size, "document")
+        row_of = {text: k for k, text in enumerate(documents)}
+        score = lambda i, texts: (document_emb[[row_of[t] for t in texts]] @ q_emb[i]  # noqa: E731
+                                  if texts else np.zeros(0, dtype=np.float32))
+        return ([score(i, known) for i, known in enumerate(positives)],
+                [score(i, [t for t, _ in found]) for i, found in enumerate(found_of)])
+
 
 def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool, queries_per_batch: int = 256):
-    """The mined rows (with their scores and each batch's counts), materialised in the object store."""
+    """The mined rows (with their scores and each batch's counts), materialised in the object store, in three
+    phases that each hold the pool's resources alone (materialised in turn: no phase waits on CPUs another holds):
+    the queries encoded by the encoder actors, their candidates found by the search actors that hold the index
+    between them (evaluation.search_actors), the negatives picked by the mining actors."""
     import ray
 
-    return positives_by_query(pairs).materialize().map_batches(  # tasks done before the actors take the CPUs
-        NegativeMiner, fn_constructor_kwargs={"settings": settings}, batch_size=queries_per_batch,
-        compute=ray.data.ActorPoolStrategy(size=pool.actors),
-        **pool_resources(pool.cpus_per_actor, pool.gpus_per_actor)).materialize()
+    from evaluation.search_actors import search_actors
+
+    actors = ray.data.ActorPoolStrategy(size=pool.actors)
+    resources = pool_resources(pool.cpus_per_actor, pool.gpus_per_actor)
+    groups = positives_by_query(pairs).materialize()  # tasks done before the actors take the CPUs
+    encoded = groups.map_batches(QueryEncoder, fn_constructor_kwargs={"settings": settings},
+                                 batch_size=queries_per_batch, compute=actors, **resources).materialize()
+    with search_actors(index, pool) as searcher:
+        found = encoded.map_batches(
+            _search_candidates, fn_kwargs={"actors": searcher.actors, "rows": index.rows,
+                                           "range_max": settings.range_max},
+            batch_size=queries_per_batch, num_cpus=0, concurrency=len(searcher.actors)).materialize()
+    if settings.teacher_path:  # a model to hold: actors that load it once
+        return found.map_batches(NegativeMiner, fn_constructor_kwargs={"settings": settings},
+                                 batch_size=queries_per_batch, compute=actors, **resources).materialize()
+    return found.map_batches(_pick_negatives, fn_kwargs={"settings": settings}, batch_size=queries_per_batch,
+                             num_cpus=pool.cpus_per_actor).materialize()  # no model: tasks (pooled processes)
+
+
+def _pick_negatives(batch: dict[str, np.ndarray], settings: MiningSettings):
+    """Phase 3 without a teacher: a task; its process's miner (the index opened once) reused by later tasks."""
+    if settings not in _MINERS:
+        _MINERS[settings] = NegativeMiner(settings)
+    return _MINERS[settings](batch)
+
+
+_MINERS: dict[MiningSettings, "NegativeMiner"] = {}
 
 
 def mining_report(mined) -> dict:

@@ -73,14 +73,14 @@ def _tensor(values: np.ndarray | torch.Tensor, device: str) -> torch.Tensor:
 
 
 class ResidentShards:
-    """An index's shards as float32 tensors on the searching actor's device, copied once and kept there while they
-    fit the budget (``RAOE_SEARCH_RESIDENT_GB``; default 2 GB on CPU, half the free memory of a GPU times the actor's
-    share of it); the shards
-    beyond it are copied from their memory maps at each pass. A mining actor searches each batch of queries against
-    the whole index: without this, every batch re-read and re-copied every shard."""
+    """An index's shards as tensors on the searching actor's device (fp16 on a GPU, float32 on CPU), copied once and
+    kept there while they fit the budget (``RAOE_SEARCH_RESIDENT_GB``; default 2 GB on CPU, half the free memory of a
+    GPU times the actor's share of it); the shards beyond it are copied from their memory maps at each pass. A search
+    actor receives query block after query block: without this, every block re-read and re-copied every shard."""
 
     def __init__(self, device: str = "cpu", budget_bytes: float | None = None, share: float = 1.0):
         self.device = device
+        self.dtype = torch.float16 if device.startswith("cuda") else torch.float32
         self.budget = _resident_budget(device, share) if budget_bytes is None else budget_bytes
         self.kept: dict[int, torch.Tensor] = {}
         self.kept_bytes = 0
@@ -89,8 +89,8 @@ class ResidentShards:
         """The shard that starts at row ``offset``, on the device."""
         if offset in self.kept:
             return self.kept[offset]
-        tensor = torch.from_numpy(np.array(shard, dtype=np.float32)).to(self.device)  # a copy: the map is read-only
-        if self.kept_bytes + tensor.nbytes <= self.budget:
+        tensor = torch.from_numpy(np.array(shard, dtype=np.float32)).to(self.device, self.dtype)  # a copy: the map
+        if self.kept_bytes + tensor.nbytes <= self.budget:  # is read-only
             self.kept[offset] = tensor
             self.kept_bytes += tensor.nbytes
         return tensor

@@ -1,7 +1,7 @@
 """Exact search where the embeddings are: long-lived Ray actors, each holding some shards of a corpus index resident
-on its device (a GPU in fp16 when it has one, else float32 on CPU, copied once), receive large query blocks and return
-their local top-k; the caller merges them into the global top-k, the same rows and order as one pass over the whole
-index (lower row first among equal scores).
+on its device (a GPU in fp16 when it has one, else float32 on CPU; copied once, within RAOE_SEARCH_RESIDENT_GB),
+receive large query blocks and return their local top-k; the caller merges them into the global top-k, the same rows
+and order as one pass over the whole index (lower row first among equal scores).
 
     with search_actors(index, pool) as searcher:      # actors start, each maps and copies its shards once
         scores, rows = searcher.search(queries, k)    # [Q, k], best first; rows are index row numbers (-1: none)
@@ -35,39 +35,34 @@ def assign_shards(sizes: list[int], actors: int) -> list[list[int]]:
 
 
 class ShardSearcher:
-    """A Ray actor: some shards of one index kept on its device; the top-k of a query block over them."""
+    """A Ray actor: some shards of one index kept on its device (within ``RAOE_SEARCH_RESIDENT_GB``, the rest read
+    from their memory maps at each call); the top-k of a query block over them."""
 
     def __init__(self, location: str, shards: list[int], gpus: float):
-        import torch
-
         from encoders.devices import actor_device
         from evaluation.corpus_index import CorpusIndex
+        from evaluation.search import ResidentShards
 
         self.device = actor_device(gpus)
-        dtype = torch.float16 if self.device.startswith("cuda") else torch.float32
         index = CorpusIndex.at(location)  # on object storage, this node's copy (made once per node)
         wanted = set(shards)
-        self.shards = [(offset, torch.from_numpy(np.array(rows, dtype=np.float32)).to(self.device, dtype))
-                       for number, (offset, rows) in enumerate(index.shards()) if number in wanted]
-        self.cut: dict[int, list] = {}  # Matryoshka sizes searched: the shards cut and renormalised, kept
+        self.shards = [(offset, rows) for number, (offset, rows) in enumerate(index.shards()) if number in wanted]
+        self.resident = ResidentShards(self.device, share=gpus)
+        for offset, rows in self.shards:  # copied in now, not at the first query block
+            self.resident.get(offset, rows)
 
     def search(self, queries: np.ndarray, k: int, dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
         from evaluation.search import RunningTopK
 
         best = RunningTopK(len(queries), k, device=self.device)
-        for offset, shard in self._at(dim):
+        for offset, rows in self.shards:
+            shard = self.resident.get(offset, rows)
+            if dim is not None:  # a Matryoshka size: the shard cut and renormalised (the queries were, by the caller)
+                shard = torch.nn.functional.normalize(shard[:, :dim].float(), dim=1).to(shard.dtype)
             best.add(queries, shard, offset)
         return best.result()
-
-    def _at(self, dim: int | None) -> list:
-        import torch
-
-        if dim is None:
-            return self.shards
-        if dim not in self.cut:
-            self.cut[dim] = [(offset, torch.nn.functional.normalize(shard[:, :dim].float(), dim=1).to(shard.dtype))
-                             for offset, shard in self.shards]
-        return self.cut[dim]
 
 
 class SearchActors:

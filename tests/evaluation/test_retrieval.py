@@ -130,7 +130,7 @@ def test_an_index_looks_rows_up_shard_by_shard_without_holding_its_columns(tmp_p
 
 
 def test_an_actor_keeps_the_shards_it_searches_within_its_budget(monkeypatch):
-    """A mining actor searches every batch of queries against the whole index: the shards that fit its budget are
+    """A search actor searches every block of queries against its shards: the shards that fit its budget are
     copied to its device once and kept (the same tensor at the next batch), the rest copied at each pass; the search
     through them equals the search over the whole corpus."""
     import torch
