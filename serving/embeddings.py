@@ -8,6 +8,7 @@ many clients are batched by ``@serve.batch`` into one encoder call per prompt na
 loads the new version and swaps it in between batches: no restart, no dropped request."""
 
 import base64
+import copy
 import threading
 import time
 from dataclasses import dataclass
@@ -51,6 +52,9 @@ class LoadedModel:
     width: int
     max_tokens: int
     prompts: tuple[str, ...]
+    length_tokenizer: object  # the model's tokenizer, copied: counts a request's tokens on the event loop while the
+    # encoder's own tokenizer pads a batch in the executor thread (a fast tokenizer's padding and truncation are
+    # state of the one object: shared between the two threads, a batch came out unpadded under load, a 500)
 
 
 def load_model(settings: ServeSettings) -> LoadedModel:
@@ -69,7 +73,7 @@ def load_model(settings: ServeSettings) -> LoadedModel:
     width = int(model.get_embedding_dimension())
     names = tuple(sorted(set(model.encoder_settings.prompts) | set(model.prompts or {})))
     return LoadedModel(version, model, tuple(model.encoder_settings.matryoshka_dims), width, int(model.max_seq_length),
-                       names)
+                       names, copy.deepcopy(model.tokenizer))
 
 
 def parse_request(body, loaded: LoadedModel,
@@ -98,7 +102,7 @@ def parse_request(body, loaded: LoadedModel,
     fmt = body.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise RequestError(f"encoding_format must be 'float' or 'base64', got {fmt!r}", "encoding_format")
-    counts = [len(ids) for ids in loaded.model.tokenizer(texts, add_special_tokens=True)["input_ids"]]
+    counts = [len(ids) for ids in loaded.length_tokenizer(texts, add_special_tokens=True)["input_ids"]]
     for i, tokens in enumerate(counts):
         if tokens > loaded.max_tokens:
             raise RequestError(f"input[{i}] is {tokens} tokens; this model reads at most {loaded.max_tokens}",

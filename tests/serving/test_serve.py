@@ -125,3 +125,51 @@ def test_a_live_endpoint_embeds_as_the_model_refuses_bad_input_and_follows_its_a
     assert moved.headers["x-raoe-model-version"] == f"models:/raoe-serve-test/{v2}"
     np.testing.assert_allclose(np.array([d["embedding"] for d in moved.json()["data"]]),
                                load_encoder(folder2).encode_query(TEXTS), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["torch", "onnx_int8"])
+def test_request_checks_never_unpad_the_batch_being_encoded(tmp_path, monkeypatch, fmt):
+    """A replica counts a request's tokens on its event loop while the executor thread encodes the last batch. A fast
+    tokenizer keeps its padding and truncation as state of the one object, so sharing it between the two threads
+    made batches come out unpadded under load (500s at 8 and 32 clients in benchmarks/serving.py). Both threads run
+    flat out for a second over texts of mixed lengths: with the replica's own copy for the checks no call fails;
+    the shared tokenizer fails in the same second (the race is real, the copy is what prevents it)."""
+    import dataclasses
+    import threading
+
+    from encoders.backbone import build_encoder, export_encoder
+    from encoders.sources import resolve_model_source
+    from serving.embeddings import ServeSettings, load_model, parse_request
+
+    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+    folder = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "model")
+    settings = ServeSettings(str(folder), fmt, 64, 8, 0.005, 0, None, 16)
+    loaded = load_model(settings)
+    texts = [("a " * (1 + i % 4)).strip() for i in range(40)]
+
+    def failures(model) -> int:
+        errors, stop = [], time.time() + 1.0
+
+        def encode():
+            while time.time() < stop:
+                try:
+                    model.model.encode(texts, batch_size=16)
+                except ValueError as exc:
+                    errors.append(exc)
+
+        def check():
+            for i in range(10**9):
+                if time.time() >= stop:
+                    return
+                try:
+                    parse_request({"input": texts[i % 37 : i % 37 + 3]}, model, settings)
+                except ValueError as exc:
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=encode), threading.Thread(target=check)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        return len(errors)
+
+    assert loaded.length_tokenizer is not loaded.model.tokenizer and failures(loaded) == 0
+    assert failures(dataclasses.replace(loaded, length_tokenizer=loaded.model.tokenizer)) > 0
