@@ -263,14 +263,15 @@ class QueryEncoder:
                 "positive_scores": scores}
 
 
-def _search_candidates(batch: dict[str, np.ndarray], actors: list, rows: int, range_max: int) -> dict[str, np.ndarray]:
+def _search_candidates(batch: dict[str, np.ndarray], actors: list, rows: int, range_max: int,
+                       method) -> dict[str, np.ndarray]:
     """Phase 2, a Ray Data task holding no CPU: each query's first ``range_max`` + (its batch's most known positives
     + 1) index rows by exact search on the search actors, room for the positives and the query itself to be left
     out."""
     from evaluation.search_actors import SearchActors
 
     widest = max(len(p) for p in batch["positives"]) + 1
-    scores, found = SearchActors(actors, rows).search(batch["query_embedding"], range_max + widest)
+    scores, found = SearchActors(actors, rows, method).search(batch["query_embedding"], range_max + widest)
     listed = lambda values: np.array([v[r >= 0] for v, r in zip(values, found)] + [None], dtype=object)[:-1]  # noqa: E731
     return {"text1": batch["text1"], "positives": batch["positives"], "query_embedding": batch["query_embedding"],
             "positive_scores": batch["positive_scores"], "candidate_rows": listed(found),
@@ -347,30 +348,42 @@ class NegativeMiner:
                 [score(i, [t for t, _ in found]) for i, found in enumerate(found_of)])
 
 
-def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool, queries_per_batch: int = 256):
-    """The mined rows (with their scores and each batch's counts), materialised in the object store, in three
-    phases that each hold the pool's resources alone (materialised in turn: no phase waits on CPUs another holds):
-    the queries encoded by the encoder actors, their candidates found by the search actors that hold the index
-    between them (evaluation.search_actors), the negatives picked by the mining actors."""
+def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool, queries_per_batch: int = 256,
+         method=None):
+    """(The mined rows (with their scores and each batch's counts), materialised in the object store; the search's
+    recall@range_max against exact search when ``method`` is approximate, else None), in three phases that each
+    hold the pool's resources alone (materialised in turn: no phase waits on CPUs another holds): the queries
+    encoded by the encoder actors, their candidates found by the search actors that hold the index between them
+    (evaluation.search_actors, searching by ``method``: exact by default), the negatives picked by the mining
+    tasks."""
     import ray
 
-    from evaluation.search_actors import search_actors
+    from evaluation.search_actors import SearchMethod, search_actors
 
+    method = method or SearchMethod()
     actors = ray.data.ActorPoolStrategy(size=pool.actors)
     resources = pool_resources(pool.cpus_per_actor, pool.gpus_per_actor)
     groups = positives_by_query(pairs).materialize()  # tasks done before the actors take the CPUs
     encoded = groups.map_batches(QueryEncoder, fn_constructor_kwargs={"settings": settings},
                                  batch_size=queries_per_batch, compute=actors, **resources).materialize()
-    with search_actors(index, pool) as searcher:
+    recall = None
+    with search_actors(index, pool, method) as searcher:
         found = encoded.map_batches(
             _search_candidates, fn_kwargs={"actors": searcher.actors, "rows": index.rows,
-                                           "range_max": settings.range_max},
+                                           "range_max": settings.range_max, "method": method},
             batch_size=queries_per_batch, num_cpus=0, concurrency=len(searcher.actors)).materialize()
+        if method.approximate and method.recall_queries:
+            sample = encoded.select_columns(["query_embedding"]).take(method.recall_queries)
+            recall = searcher.recall(np.stack([row["query_embedding"] for row in sample]), settings.range_max)
+            print(f"[raoe] approximate search (faiss): recall@{settings.range_max} {recall:.4f} against exact search "
+                  f"over {len(sample)} queries", flush=True)
     if settings.teacher_path:  # a model to hold: actors that load it once
-        return found.map_batches(NegativeMiner, fn_constructor_kwargs={"settings": settings},
-                                 batch_size=queries_per_batch, compute=actors, **resources).materialize()
-    return found.map_batches(_pick_negatives, fn_kwargs={"settings": settings}, batch_size=queries_per_batch,
-                             num_cpus=pool.cpus_per_actor).materialize()  # no model: tasks (pooled processes)
+        mined = found.map_batches(NegativeMiner, fn_constructor_kwargs={"settings": settings},
+                                  batch_size=queries_per_batch, compute=actors, **resources).materialize()
+    else:  # no model: tasks (pooled processes)
+        mined = found.map_batches(_pick_negatives, fn_kwargs={"settings": settings}, batch_size=queries_per_batch,
+                                  num_cpus=pool.cpus_per_actor).materialize()
+    return mined, recall
 
 
 def _pick_negatives(batch: dict[str, np.ndarray], settings: MiningSettings):

@@ -11,6 +11,7 @@ import numpy as np
 from encoders.devices import EncoderPool
 from evaluation.corpus_index import corpus_index, file_fingerprint, index_outputs
 from evaluation.retrieval import (
+    DEPTH,
     HUB_PREFIX,
     SEARCH_DEPTH,
     BeirFormatError,
@@ -21,6 +22,7 @@ from evaluation.retrieval import (
     read_task,
     score_rankings,
 )
+from evaluation.search_actors import SearchMethod
 from storage.digests import hub_revision
 from storage.paths import storage_path
 
@@ -74,10 +76,12 @@ def corpus_key(source: str) -> str:
 
 
 def evaluate_task(model_path: str, task: RetrievalTask, *, pool: EncoderPool, batch_size: int,
-                  dims: list[int | None], per_query: dict | None = None) -> dict[int | None, dict[str, float]]:
+                  dims: list[int | None], per_query: dict | None = None,
+                  method: SearchMethod | None = None) -> dict[int | None, dict[str, float]]:
     """BEIR's five metrics of one task for one model at each of ``dims`` (None: the whole embedding; an int: its
     leading dimensions, a Matryoshka size), searched by actors that hold the corpus index between them while every
-    size is scored (the queries encoded once, whole, and cut to each size)."""
+    size is scored (the queries encoded once, whole, and cut to each size); an approximate ``method`` adds its
+    ``search_recall@100`` against exact search."""
     from evaluation.encode import ray_encode
     from evaluation.search import normalised
     from evaluation.search_actors import search_actors
@@ -87,18 +91,24 @@ def evaluate_task(model_path: str, task: RetrievalTask, *, pool: EncoderPool, ba
                          batch_size=batch_size)
     queries = normalised(ray_encode(model_path, task.query_texts, batch_size=batch_size, pool=pool, side="query"))
     results = {}
-    with search_actors(index, pool) as searcher:
+    with search_actors(index, pool, method or SearchMethod()) as searcher:
         for dim in dims:
             scores, rows = searcher.search(queries, SEARCH_DEPTH, dim=dim)
             ranked = rankings(task, scores, rows, lambda found: index.take("id", found))
             results[dim], queries_scored = score_rankings(task, ranked)
+            recall = searcher.recall(queries, DEPTH, dim=dim)
+            if recall is not None:
+                results[dim]["search_recall@100"] = recall
+                print(f"retrieval {task.name}: approximate search recall@100 {recall:.4f} against exact search",
+                      flush=True)
             if per_query is not None and dim == dims[0]:
                 per_query[task.name] = queries_scored
     return results
 
 
 def evaluate_retrieval_at(model_path: str, tasks, dims: list[int | None], *, pool: EncoderPool, batch_size: int = 64,
-                          per_query: dict | None = None) -> dict[int | None, dict[str, dict[str, float]]]:
+                          per_query: dict | None = None,
+                          method: SearchMethod | None = None) -> dict[int | None, dict[str, dict[str, float]]]:
     """{size: {task name: {metric: value}}} for the configured tasks (each with source, split, name, max_queries) at
     each size of ``dims`` (None: the whole embedding), each corpus encoded and loaded into the search actors once;
     ``per_query`` gets the per-query scores at the first size."""
@@ -106,14 +116,15 @@ def evaluate_retrieval_at(model_path: str, tasks, dims: list[int | None], *, poo
     for spec in tasks:
         task = read_task(spec.source, spec.split, spec.name, spec.max_queries, spec.ignore_identical_ids)
         found = evaluate_task(model_path, task, pool=pool, batch_size=batch_size, dims=list(dims),
-                              per_query=per_query)
+                              per_query=per_query, method=method)
         for dim, means in found.items():
             results[dim][task.name] = means
     return results
 
 
 def evaluate_retrieval(model_path: str, tasks, *, pool: EncoderPool, batch_size: int = 64,
-                       per_query: dict | None = None, dim: int | None = None) -> dict[str, dict[str, float]]:
+                       per_query: dict | None = None, dim: int | None = None,
+                       method: SearchMethod | None = None) -> dict[str, dict[str, float]]:
     """{task name: {metric: value}} at one size (the model's leading ``dim`` dimensions when given)."""
     return evaluate_retrieval_at(model_path, tasks, [dim], pool=pool, batch_size=batch_size,
-                                 per_query=per_query)[dim]
+                                 per_query=per_query, method=method)[dim]

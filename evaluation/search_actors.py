@@ -12,7 +12,9 @@ contiguous run of shards balanced by rows."""
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -20,6 +22,23 @@ import numpy as np
 from encoders.devices import EncoderPool
 
 QUERIES_PER_CALL = 4096  # the query block each actor receives: large enough that a call's overhead is small
+POINTS_PER_LIST = 39  # FAISS's minimum training points per inverted list (fewer: it warns and clusters badly)
+
+
+@dataclass(frozen=True)
+class SearchMethod:
+    """How the search actors search: ``exact`` (a running top-k over every row), or ``faiss`` (an inverted-file index
+    per actor over its shards, inner product: ``lists`` lists, null 4 x sqrt(its rows), ``probes`` of them searched
+    per query), whose recall@k against exact search is measured on the first ``recall_queries`` queries."""
+
+    kind: str = "exact"
+    lists: int | None = None
+    probes: int = 32
+    recall_queries: int = 256
+
+    @property
+    def approximate(self) -> bool:
+        return self.kind == "faiss"
 
 
 def assign_shards(sizes: list[int], actors: int) -> list[list[int]]:
@@ -36,22 +55,26 @@ def assign_shards(sizes: list[int], actors: int) -> list[list[int]]:
 
 class ShardSearcher:
     """A Ray actor: some shards of one index kept on its device (within ``RAOE_SEARCH_RESIDENT_GB``, the rest read
-    from their memory maps at each call); the top-k of a query block over them."""
+    from their memory maps at each call); the top-k of a query block over them, exact or by FAISS."""
 
-    def __init__(self, location: str, shards: list[int], gpus: float):
+    def __init__(self, location: str, shards: list[int], gpus: float, method: SearchMethod = SearchMethod()):
         from encoders.devices import actor_device
         from evaluation.corpus_index import CorpusIndex
         from evaluation.search import ResidentShards
 
-        self.device = actor_device(gpus)
+        self.device, self.method = actor_device(gpus), method
         index = CorpusIndex.at(location)  # on object storage, this node's copy (made once per node)
         wanted = set(shards)
         self.shards = [(offset, rows) for number, (offset, rows) in enumerate(index.shards()) if number in wanted]
         self.resident = ResidentShards(self.device, share=gpus)
-        for offset, rows in self.shards:  # copied in now, not at the first query block
+        self.inverted: dict = {}  # FAISS: one index per size searched, built at its first search
+        for offset, rows in self.shards if not method.approximate else ():  # copied in now, not at the first block
             self.resident.get(offset, rows)
 
-    def search(self, queries: np.ndarray, k: int, dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, dim: int | None = None,
+               exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        if self.method.approximate and not exact:
+            return self._approximate(queries, k, dim)
         import torch
 
         from evaluation.search import RunningTopK
@@ -64,16 +87,43 @@ class ShardSearcher:
             best.add(queries, shard, offset)
         return best.result()
 
+    def _approximate(self, queries: np.ndarray, k: int, dim: int | None) -> tuple[np.ndarray, np.ndarray]:
+        if dim not in self.inverted:
+            self.inverted[dim] = self._inverted_file(dim)
+        index, rows = self.inverted[dim]
+        scores, local = index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        found = np.where(local >= 0, rows[np.clip(local, 0, None)], -1)
+        return np.where(local >= 0, scores, -np.inf).astype(np.float32), found
+
+    def _inverted_file(self, dim: int | None):
+        """(FAISS IVF-flat inner-product index of this actor's rows at ``dim``, their index row numbers)."""
+        import faiss
+
+        from evaluation.search import normalised
+
+        vectors = np.concatenate([np.asarray(rows, dtype=np.float32) for _, rows in self.shards])
+        vectors = normalised(vectors, dim) if dim is not None else np.ascontiguousarray(vectors)
+        numbers = np.concatenate([np.arange(offset, offset + len(rows)) for offset, rows in self.shards])
+        lists = max(1, min(self.method.lists or int(4 * math.sqrt(len(vectors))), len(vectors) // POINTS_PER_LIST))
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(vectors.shape[1]), vectors.shape[1], lists,
+                                   faiss.METRIC_INNER_PRODUCT)
+        sample = np.random.default_rng(0).choice(len(vectors), min(len(vectors), 256 * lists), replace=False)
+        index.train(vectors[np.sort(sample)])
+        index.add(vectors)
+        index.nprobe = min(self.method.probes, lists)
+        return index, numbers
+
 
 class SearchActors:
     """The actors holding one index between them: a query block goes to each, their top-k are merged."""
 
-    def __init__(self, actors: list, k_limit: int):
-        self.actors, self.k_limit = actors, k_limit
+    def __init__(self, actors: list, k_limit: int, method: SearchMethod = SearchMethod()):
+        self.actors, self.k_limit, self.method = actors, k_limit, method
 
-    def search(self, queries: np.ndarray, k: int, dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, dim: int | None = None,
+               exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` best index rows of each (unit) query, at the leading ``dim`` dimensions when given (queries
-        renormalised there; each actor does the same to its shards)."""
+        renormalised there; each actor does the same to its shards); by the actors' method, or exactly."""
         import ray
 
         from evaluation.search import RunningTopK, normalised
@@ -83,24 +133,36 @@ class SearchActors:
         best = RunningTopK(len(queries), k)
         for start in range(0, len(queries), QUERIES_PER_CALL):
             block = ray.put(queries[start : start + QUERIES_PER_CALL])
-            for scores, rows in ray.get([actor.search.remote(block, k, dim) for actor in self.actors]):
+            for scores, rows in ray.get([actor.search.remote(block, k, dim, exact) for actor in self.actors]):
                 best.merge(slice(start, start + len(scores)), scores, rows)
         return best.result()
 
+    def recall(self, queries: np.ndarray, k: int, dim: int | None = None) -> float | None:
+        """The approximate search's recall@k against exact search, over the first ``recall_queries`` queries: the
+        share of each query's exact top-k it finds, averaged; None for exact search."""
+        if not self.method.approximate or not self.method.recall_queries or not len(queries):
+            return None
+        sample = queries[: self.method.recall_queries]
+        _, found = self.search(sample, k, dim)
+        _, truth = self.search(sample, k, dim, exact=True)
+        shares = [len(set(f[f >= 0]) & set(t[t >= 0])) / max(1, int((t >= 0).sum())) for f, t in zip(found, truth)]
+        return float(np.mean(shares))
+
 
 @contextmanager
-def search_actors(index, pool: EncoderPool) -> Iterator[SearchActors]:
+def search_actors(index, pool: EncoderPool, method: SearchMethod = SearchMethod()) -> Iterator[SearchActors]:
     """Actors (``pool.actors`` of them at most, one per shard at least, each with the pool's CPUs and GPUs) holding
-    ``index`` between them, ended on exit so that the next Ray Data pool gets their resources."""
+    ``index`` between them, searching by ``method``, ended on exit so that the next Ray Data pool gets their
+    resources."""
     import ray
 
     sizes = [len(rows) for _, rows in index.shards()]
     runs = assign_shards(sizes, max(1, pool.actors))
     options = {"num_cpus": pool.cpus_per_actor, **({"num_gpus": pool.gpus_per_actor} if pool.gpus_per_actor else {})}
     remote = ray.remote(ShardSearcher).options(**options)
-    actors = [remote.remote(index.location or str(index.path), run, pool.gpus_per_actor) for run in runs]
+    actors = [remote.remote(index.location or str(index.path), run, pool.gpus_per_actor, method) for run in runs]
     try:
-        yield SearchActors(actors, index.rows)
+        yield SearchActors(actors, index.rows, method)
     finally:
         for actor in actors:
             ray.kill(actor)

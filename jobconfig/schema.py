@@ -359,6 +359,23 @@ class RetrievalTaskConfig(Section):
         return self.name or task_name(self.source)
 
 
+class SearchConfig(Section):
+    """How the search actors search a corpus index (evaluation.search_actors)."""
+
+    method: Literal["exact", "faiss"] = Field("exact", description="exact: every row scored (a running top-k); "
+                                              "faiss: FAISS inverted lists per actor (approximate, faster on large "
+                                              "corpora), its recall against exact search reported")
+    faiss_lists: int | None = Field(None, ge=1, description="inverted lists per actor; null: 4 x sqrt(its rows)")
+    faiss_probes: int = Field(32, ge=1, description="lists searched per query (more: higher recall, slower)")
+    recall_queries: int = Field(256, ge=0, description="queries also searched exactly to measure the approximate "
+                                "search's recall@k (0: not measured)")
+
+    def method_settings(self):
+        from evaluation.search_actors import SearchMethod
+
+        return SearchMethod(self.method, self.faiss_lists, self.faiss_probes, self.recall_queries)
+
+
 class EvalConfig(Section):
     data_dir: str = Field("../shared/data/senteval", description="SentEval-layout root (STS/, SICK/)")
     tasks: list[str] = Field(
@@ -374,6 +391,8 @@ class EvalConfig(Section):
     dims: list[int] = Field(default_factory=list, description="also score the suite at these leading embedding "
                             "sizes, cut and renormalised (a Matryoshka model: objective.matryoshka), each from the "
                             "same encoding and corpus index")
+    search: SearchConfig = Field(default_factory=SearchConfig, description="how retrieval tasks search their corpus "
+                                 "index: exact (default) or faiss")
 
     @field_validator("dims")
     @classmethod
@@ -414,6 +433,14 @@ class TrainEvalConfig(EvalConfig):
         if task is not None and "split" not in task.model_fields_set:
             return task.model_copy(update={"split": "dev"})
         return task
+
+    @field_validator("search")
+    @classmethod
+    def _exact_during_training(cls, search: SearchConfig) -> SearchConfig:
+        if search.method != "exact":
+            raise ValueError("eval.search.method: a training job's dev retrieval searches its dev-sized corpus "
+                             "exactly on the evaluating workers; set faiss in the evaluate or promote job")
+        return search
 
 
 class TrainJobConfig(Section):

@@ -112,7 +112,7 @@ def main(cfg: EvaluateJobConfig) -> dict:
             # every size searched while the search actors hold each task's corpus index
             by_size = evaluate_retrieval_at(model_path, cfg.eval.retrieval, [None, *cfg.eval.dims],
                                             pool=cfg.encoder_pool(), batch_size=cfg.eval.batch_size,
-                                            per_query=per_query)
+                                            per_query=per_query, method=cfg.eval.search.method_settings())
             retrieval = by_size[None]
             for dim in cfg.eval.dims:  # the same encodings (cache) and corpus indexes, cut to ``dim``
                 by_dim[dim] = {"metrics": score_with_ray(model_path, cfg.eval, pool=cfg.encoder_pool(), cache=cache,

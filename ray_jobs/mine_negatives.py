@@ -24,7 +24,15 @@ from pydantic import Field, model_validator
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from jobconfig import parse_job_args
-from jobconfig.schema import RELATIVE, EncoderPoolSection, OutputPath, Section, SharedFilesystem, TrackingConfig
+from jobconfig.schema import (
+    RELATIVE,
+    EncoderPoolSection,
+    OutputPath,
+    SearchConfig,
+    Section,
+    SharedFilesystem,
+    TrackingConfig,
+)
 from runtime.result import run_job
 from storage.paths import join, remove_tree, staged_folder, storage_path
 
@@ -65,6 +73,8 @@ class MiningConfig(Section):
                                 "then applies to its scores); null = the mining model's scores")
     batch_size: int = Field(64, ge=1, description="texts per encoder call")
     queries_per_batch: int = Field(256, ge=1, description="queries a mining actor searches at once")
+    search: SearchConfig = Field(default_factory=SearchConfig, description="how candidates are found in the corpus "
+                                 "index: exact (default) or faiss (approximate; its recall is in the JSON line)")
 
     @model_validator(mode="before")
     @classmethod
@@ -171,7 +181,8 @@ def main(cfg: MineJobConfig) -> dict:
         settings = MiningSettings(model_path, index.location, m.range_max, m.range_min, m.absolute_margin,
                                   m.relative_margin, m.max_score, m.min_score, m.negatives_per_row, m.sampling, m.seed,
                                   teacher_path, m.batch_size, cfg.gpus_per_actor)
-        mined = mine(pairs, index, settings, pool, cfg.mining.queries_per_batch)
+        mined, recall = mine(pairs, index, settings, pool, cfg.mining.queries_per_batch,
+                             cfg.mining.search.method_settings())
         counts = mining_report(mined)
         remove_tree(storage_path(data))
         write_mined(mined, data)  # by the tasks holding the rows, on any node
@@ -182,7 +193,9 @@ def main(cfg: MineJobConfig) -> dict:
         staged.publish()
         result = {"output_path": data, "rows_in": report.rows_in, "rows_quarantined": report.rows_quarantined,
                   **{k: v for k, v in counts.items() if k != "histogram"}, "corpus_rows": index.rows,
-                  "index_path": index.location, "seconds": seconds, "pairs_per_second": counts["pairs_in"] / seconds,
+                  "index_path": index.location, "search": cfg.mining.search.method,
+                  **({"search_recall": recall} if recall is not None else {}), "seconds": seconds,
+                  "pairs_per_second": counts["pairs_in"] / seconds,
                   "histogram": counts["histogram"], "plot": staged.final(picture)}
         with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
             mlflow.log_params({"data.train": cfg.data.train, **{f"mining.{k}": str(v)[:500]

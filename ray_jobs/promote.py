@@ -49,7 +49,7 @@ def main(cfg: PromoteJobConfig) -> dict:
 
     def suite(path: str) -> dict:
         retrieval = evaluate_retrieval(path, cfg.eval.retrieval, pool=cfg.encoder_pool(), batch_size=cfg.eval.batch_size,
-                                       dim=cfg.dim)
+                                       dim=cfg.dim, method=cfg.eval.search.method_settings())
         return suite_scores(score_with_ray(path, cfg.eval, pool=cfg.encoder_pool(), dim=cfg.dim), retrieval)
 
     tracking_uri()

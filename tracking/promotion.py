@@ -39,8 +39,8 @@ def task_content(task) -> str | list[str]:
 
 def evaluation_key(eval_cfg, dim: int | None = None) -> str:
     """What makes two suite results comparable: the data (resolved), tasks, STS-B split and pair cap, the
-    retrieval tasks (with their files' content and scoring rules), and the embedding size scored (a Matryoshka
-    model's leading ``dim``, or the whole)."""
+    retrieval tasks (with their files' content and scoring rules, and an approximate search's settings), and the
+    embedding size scored (a Matryoshka model's leading ``dim``, or the whole)."""
     spec = {"data_dir": str(Path(eval_cfg.data_dir).resolve()), "tasks": list(eval_cfg.tasks),
             "stsb_split": eval_cfg.stsb_split, "max_pairs": eval_cfg.max_pairs}
     if dim is not None:
@@ -51,6 +51,9 @@ def evaluation_key(eval_cfg, dim: int | None = None) -> str:
                               "split": t.split, "name": t.task_name, "max_queries": t.max_queries,
                               "ignore_identical_ids": t.ignore_identical_ids, "content": task_content(t)}
                              for t in retrieval]
+        search = getattr(eval_cfg, "search", None)
+        if search is not None and search.method != "exact":  # approximate scores compare only with their own kind
+            spec["search"] = search.model_dump()
     return hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -316,7 +316,8 @@ def test_the_old_output_path_key_is_read_as_output_dir_with_a_word(capsys):
 def test_a_beir_folder_mines_groups_for_its_judged_pairs_among_its_corpus(ray_local, tmp_path, monkeypatch):
     """data.train a BEIR folder: every (query, judged document) pair of qrels/train (grade > 0) is mined among the
     folder's corpus, documents read "title text"; no group holds a document judged for its query as a negative.
-    Qrels that judge a document the corpus lacks are refused with its id."""
+    The search here is FAISS's (mining.search.method faiss; 30 rows make one list, scanned whole, so its recall
+    against exact search is 1). Qrels that judge a document the corpus lacks are refused with its id."""
     from data_pipelines.mining import beir_pairs
     from tests.evaluation.test_retrieval import write_beir
 
@@ -330,8 +331,10 @@ def test_a_beir_folder_mines_groups_for_its_judged_pairs_among_its_corpus(ray_lo
     job = _mine_job()
     cfg = job.MineJobConfig(data={"train": str(folder)}, output_dir=str(tmp_path / "mined"), cpus_per_actor=0.5,
                             mining={"model": "tiny:bert", "range_max": 10, "relative_margin": None,
-                                    "negatives_per_row": 3}, tracking={"experiment": "raoe-test"})
+                                    "negatives_per_row": 3, "search": {"method": "faiss"}},
+                            tracking={"experiment": "raoe-test"})
     result = job.main(cfg)
+    assert result["search"] == "faiss" and result["search_recall"] == 1.0
     written = [json.loads(line) for f in sorted(Path(result["output_path"]).glob("*.json*")) for line in open(f)]
     judged = {(queries[q], titled[d]) for q, d, g in qrels if g > 0}
     assert result["pairs_in"] == len(judged) == 16 and result["corpus_rows"] == 30

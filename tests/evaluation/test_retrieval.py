@@ -215,6 +215,45 @@ def test_search_actors_holding_shards_between_them_equal_one_pass(tmp_path, ray_
     np.testing.assert_allclose(cut_scores, best, atol=1e-5)
 
 
+def test_faiss_search_actors_are_exact_when_every_list_is_probed_and_measure_their_recall(tmp_path, ray_local):
+    """eval.search / mining.search method faiss: each of two actors builds inverted lists over its shards. Probing
+    every list scans every row, so the rows found are exact search's (the best scores, any tie); probing one list of
+    many misses some, and the recall the actors report is the share of exact search's top-k that the approximate
+    search found, recomputed here. A training job's dev retrieval refuses it by name."""
+    from encoders.devices import EncoderPool
+    from evaluation.corpus_index import CorpusIndex, write_shard
+    from evaluation.search import exact_top_k, normalised
+    from evaluation.search_actors import SearchMethod, search_actors
+    from jobconfig.schema import EvalConfig, TrainEvalConfig
+
+    rng = np.random.default_rng(6)
+    corpus = normalised(rng.standard_normal((3000, 16), dtype=np.float32))
+    queries = normalised(rng.standard_normal((40, 16), dtype=np.float32))
+    names = []
+    for start in range(0, 3000, 700):
+        batch = {"id": np.array([f"d{i}" for i in range(start, min(3000, start + 700))], dtype=object),
+                 "embedding": corpus[start : start + 700]}
+        names += write_shard(batch, str(tmp_path))["shard"]
+    (tmp_path / "meta.json").write_text(json.dumps({"rows": 3000, "dim": 16, "shards": names, "text": False}))
+    index, pool = CorpusIndex.at(str(tmp_path)), EncoderPool(actors=2, cpus_per_actor=0.5)
+    cosines = queries.astype(np.float64) @ corpus.astype(np.float64).T
+    best = -np.sort(-cosines, axis=1)[:, :20]
+    with search_actors(index, pool, SearchMethod("faiss", lists=16, probes=16, recall_queries=40)) as searcher:
+        scores, rows = searcher.search(queries, 20)
+        assert searcher.recall(queries, 20) == pytest.approx(1.0)
+    np.testing.assert_allclose(np.take_along_axis(cosines, rows, 1), best, atol=1e-5)
+    np.testing.assert_allclose(scores, best, atol=1e-5)
+    with search_actors(index, pool, SearchMethod("faiss", lists=32, probes=1, recall_queries=40)) as searcher:
+        _, found = searcher.search(queries, 20)
+        recall = searcher.recall(queries, 20)
+    _, truth = exact_top_k(queries, corpus, 20)
+    shares = [len(set(f[f >= 0]) & set(t)) / 20 for f, t in zip(found, truth)]
+    assert recall == pytest.approx(np.mean(shares)) and 0.05 < recall < 0.9
+    assert EvalConfig.model_validate({"search": {"method": "faiss"}}).search.method_settings().approximate
+    with pytest.raises(ValueError, match="eval.search.method: a training job's dev retrieval"):
+        TrainEvalConfig.model_validate({"search": {"method": "faiss"}})
+
+
 def write_beir(folder, corpus: dict[str, str], queries: dict[str, str], qrels: list[tuple[str, str, int]],
                split="test"):
     folder.mkdir(parents=True, exist_ok=True)
