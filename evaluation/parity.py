@@ -1,5 +1,6 @@
 """Does an export still embed as the model it came from? Per-text cosine between the two embeddings of the same
-texts, the STS score each gives, and the export's speed on those texts (this machine)."""
+texts, the STS score each gives, the nDCG@10 each gives on a dev-sized retrieval task when one is named, and the
+export's speed on those texts (this machine)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ class Parity:
     score: float  # the export's STS Spearman x100 on the sample
     score_delta: float  # export minus source, Spearman x100 points
     texts_per_s: float
+    retrieval_score: float | None = None  # the export's nDCG@10 x100 on the retrieval task, when one is named
+    retrieval_delta: float | None = None  # export minus source, nDCG@10 x100 points
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -34,6 +37,7 @@ class SourceEmbeddings:
     embeddings: np.ndarray
     score: float
     texts_per_s: float
+    retrieval_score: float | None = None
 
 
 def sample_texts(pairs: STSPairs) -> list[str]:
@@ -48,18 +52,30 @@ def embed_timed(model, texts: list[str], batch_size: int) -> tuple[np.ndarray, f
     return emb, len(texts) / max(time.perf_counter() - started, 1e-9)
 
 
-def source_embeddings(model, pairs: STSPairs, batch_size: int = 32) -> SourceEmbeddings:
+def source_embeddings(model, pairs: STSPairs, batch_size: int = 32, dev=None) -> SourceEmbeddings:
+    """The source's figures; ``dev`` a RetrievalDevSet (evaluation.retrieval.read_dev_set) or None."""
     texts = sample_texts(pairs)
     emb, rate = embed_timed(model, texts, batch_size)
-    return SourceEmbeddings(texts, emb, _score(texts, emb, pairs), rate)
+    return SourceEmbeddings(texts, emb, _score(texts, emb, pairs), rate, _retrieval(model, dev, batch_size))
 
 
-def parity(source: SourceEmbeddings, export, pairs: STSPairs, batch_size: int = 32) -> Parity:
-    """The export's figures against the source's on the same texts."""
+def parity(source: SourceEmbeddings, export, pairs: STSPairs, batch_size: int = 32, dev=None) -> Parity:
+    """The export's figures against the source's on the same texts (and retrieval task)."""
     emb, rate = embed_timed(export, source.texts, batch_size)
     cos = cosines(source.embeddings, emb)
     score = _score(source.texts, emb, pairs)
-    return Parity(float(cos.min()), float(cos.mean()), score, score - source.score, rate)
+    retrieval = _retrieval(export, dev, batch_size)
+    delta = None if retrieval is None or source.retrieval_score is None else retrieval - source.retrieval_score
+    return Parity(float(cos.min()), float(cos.mean()), score, score - source.score, rate, retrieval, delta)
+
+
+def _retrieval(model, dev, batch_size: int) -> float | None:
+    """nDCG@10 x100 on the dev set, by the evaluation suite's exact search (queries and documents on their sides)."""
+    if dev is None:
+        return None
+    from evaluation.retrieval import dev_ndcg_at_10
+
+    return dev_ndcg_at_10(lambda texts, side: inference_embeddings(model, texts, batch_size, side), dev)
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

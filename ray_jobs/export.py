@@ -5,7 +5,8 @@ onnx (that folder plus onnx/model.onnx, sentence-transformers' ONNX layout) and 
 dynamic int8 quantisation). Each export embeds the texts of the first export.sample_pairs STS-B dev pairs
 (eval.data_dir) beside the source model: the per-text cosine (min and mean) and the STS-B Spearman delta must reach
 export.min_cosine_fp32 (fp32 merged and onnx), export.min_cosine_half (merged in bf16/fp16) or export.min_cosine_int8
-(onnx_int8), and export.max_score_delta. Exports that pass are written under output_dir/<format> and logged as
+(onnx_int8), and export.max_score_delta; with eval.retrieval naming a dev-sized retrieval task, its nDCG@10 must
+move by at most export.max_retrieval_delta. Exports that pass are written under output_dir/<format> and logged as
 artifacts of the source model version's run (exports/<format>), their figures as version tags and in its
 description; an export that fails is refused with its figures (the job then ends in error, the others kept).
 
@@ -19,7 +20,7 @@ from pydantic import Field, field_validator
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from jobconfig import parse_job_args
-from jobconfig.schema import RELATIVE, OutputPath, Section, TrackingConfig
+from jobconfig.schema import RELATIVE, OutputPath, RetrievalTaskConfig, Section, TrackingConfig
 from runtime.result import run_job
 
 
@@ -37,6 +38,8 @@ class ExportSection(Section):
     min_cosine_half: float = Field(0.999, gt=0, le=1, description="least per-text cosine of a bf16/fp16 merged export")
     min_cosine_int8: float = Field(0.99, gt=0, le=1, description="least per-text cosine of onnx_int8")
     max_score_delta: float = Field(0.5, ge=0, description="largest STS-B dev Spearman change (x100 points), either way")
+    max_retrieval_delta: float = Field(0.5, ge=0, description="largest nDCG@10 change (x100 points), either way, on "
+                                       "eval.retrieval when it names a task")
     sample_pairs: int = Field(500, ge=2, description="STS-B dev pairs whose texts every export embeds for the check")
     batch_size: int = Field(32, ge=1, description="texts per encoder call in the check")
 
@@ -51,6 +54,10 @@ class ExportSection(Section):
 class ExportEval(Section):
     data_dir: str = Field("../shared/data/senteval", description="SentEval-layout root holding STS/STSBenchmark/"
                           "sts-dev.csv: the texts of the parity check")
+    retrieval: RetrievalTaskConfig | None = Field(
+        None, description="a dev-sized retrieval task (a BEIR folder or hf:<dataset>, at most 200,000 documents, "
+        "encoded whole by the source and every export) whose nDCG@10 each export must keep within "
+        "export.max_retrieval_delta; null: the STS check alone")
 
 
 class ExportJobConfig(Section):
@@ -94,7 +101,16 @@ def main(cfg: ExportJobConfig) -> dict:
     e = cfg.export
     print(f"[raoe] export {cfg.model.source}: {', '.join(e.formats)}; parity on {len(pairs.gold)} STS-B dev pairs",
           flush=True)
-    reference = source_embeddings(load_encoder(model_path), pairs, e.batch_size)
+    dev = None
+    if cfg.eval.retrieval is not None:
+        from evaluation.retrieval import read_dev_set
+
+        task = cfg.eval.retrieval
+        dev = read_dev_set(task.source, task.split, task.task_name, task.max_queries,
+                           ignore_identical_ids=task.ignore_identical_ids)
+        print(f"[raoe] and nDCG@10 on {task.task_name}: {len(dev.task.query_ids)} queries, "
+              f"{len(dev.corpus_ids)} documents", flush=True)
+    reference = source_embeddings(load_encoder(model_path), pairs, e.batch_size, dev)
     figures, refused = {}, {}
     with tempfile.TemporaryDirectory(prefix="raoe-export-") as scratch:
         scratch = Path(scratch)
@@ -106,12 +122,15 @@ def main(cfg: ExportJobConfig) -> dict:
                 built[fmt] = merged_fp32 if e.dtype == "float32" else save_merged(model_path, scratch / fmt, e.dtype)
             else:
                 built[fmt] = save_onnx(merged_fp32, scratch / fmt, int8=fmt == "onnx_int8")
-            check = parity(reference, load_export(built[fmt], fmt), pairs, e.batch_size)
-            least = _least_cosine(fmt, e)
-            figures[fmt] = {**check.as_dict(), "min_cosine_required": least}
+            check = parity(reference, load_export(built[fmt], fmt), pairs, e.batch_size, dev)
+            figures[fmt] = {key: value for key, value in check.as_dict().items() if value is not None}
+            figures[fmt]["min_cosine_required"] = _least_cosine(fmt, e)
+            retrieval = "" if check.retrieval_delta is None else \
+                f", nDCG@10 {check.retrieval_score:.2f} ({check.retrieval_delta:+.2f})"
             print(f"[raoe] {fmt}: cosine min {check.min_cosine:.6f} mean {check.mean_cosine:.6f}, STS-B dev "
-                  f"{check.score:.2f} ({check.score_delta:+.2f}), {check.texts_per_s:.0f} texts/s", flush=True)
-            if check.min_cosine < least or abs(check.score_delta) > e.max_score_delta:
+                  f"{check.score:.2f} ({check.score_delta:+.2f}){retrieval}, {check.texts_per_s:.0f} texts/s",
+                  flush=True)
+            if drift(figures[fmt], e):
                 refused[fmt] = figures[fmt]
         kept = [fmt for fmt in e.formats if fmt not in refused]
         with staged_folder(cfg.output_dir) as staged:
@@ -127,13 +146,25 @@ def main(cfg: ExportJobConfig) -> dict:
             logged = _log(cfg, source, {fmt: staged.local / fmt for fmt in kept}, figures, refused, reference)
     exports = {fmt: {"path": paths[fmt], **figures[fmt]} for fmt in kept}
     if refused:
-        listed = "; ".join(f"{fmt}: min cosine {f['min_cosine']:.6f} (needs {f['min_cosine_required']}), STS-B delta "
-                           f"{f['score_delta']:+.3f} (at most {e.max_score_delta})" for fmt, f in refused.items())
+        listed = "; ".join(f"{fmt}: {', '.join(drift(f, e))}" for fmt, f in refused.items())
         kept_note = f". Kept: {', '.join(kept)} under {cfg.output_dir}" if kept else ""
         raise ExportRefused(f"export refused, its embeddings drifted from the source: {listed}{kept_note}", figures,
                             sorted(refused))
     return {"model": cfg.model.source, "source_texts_per_s": reference.texts_per_s,
-            "source_sts_score": reference.score, "exports": exports, **logged}
+            "source_sts_score": reference.score, "exports": exports, **logged,
+            **({"source_retrieval_score": reference.retrieval_score} if dev is not None else {})}
+
+
+def drift(figures: dict, e: ExportSection) -> list[str]:
+    """What an export's figures miss (empty: it passes), each with its figure and threshold."""
+    missed = []
+    if figures["min_cosine"] < figures["min_cosine_required"]:
+        missed.append(f"min cosine {figures['min_cosine']:.6f} (needs {figures['min_cosine_required']})")
+    if abs(figures["score_delta"]) > e.max_score_delta:
+        missed.append(f"STS-B delta {figures['score_delta']:+.3f} (at most {e.max_score_delta})")
+    if "retrieval_delta" in figures and abs(figures["retrieval_delta"]) > e.max_retrieval_delta:
+        missed.append(f"nDCG@10 delta {figures['retrieval_delta']:+.3f} (at most {e.max_retrieval_delta})")
+    return missed
 
 
 def _least_cosine(fmt: str, e: ExportSection) -> float:
@@ -169,7 +200,8 @@ def _log(cfg: ExportJobConfig, source: str, folders: dict, figures: dict, refuse
     if version is not None:
         for fmt in folders:
             for key in PARITY_TAGS:
-                set_version_tag(client, name, version, f"export.{fmt}.{key}", f"{figures[fmt][key]:.6g}")
+                if key in figures[fmt]:
+                    set_version_tag(client, name, version, f"export.{fmt}.{key}", f"{figures[fmt][key]:.6g}")
         for fmt in refused:  # an earlier run's figures of a format refused now would read as passing
             for key in PARITY_TAGS:
                 if f"export.{fmt}.{key}" in held.tags:
@@ -179,7 +211,7 @@ def _log(cfg: ExportJobConfig, source: str, folders: dict, figures: dict, refuse
     return {"run_id": run_id, "tracking_uri": tracking_uri(), **({"model_version": source} if version else {})}
 
 
-PARITY_TAGS = ("min_cosine", "mean_cosine", "score_delta", "texts_per_s")
+PARITY_TAGS = ("min_cosine", "mean_cosine", "score_delta", "retrieval_delta", "texts_per_s")
 
 
 def with_section(description: str, card: str) -> str:
@@ -194,12 +226,17 @@ def with_section(description: str, card: str) -> str:
 
 
 def _parity_card(folders: dict, figures: dict, reference, run_id: str) -> str:
+    retrieval = reference.retrieval_score is not None
     lines = ["## Exports", "", f"Checked on {len(reference.texts)} STS-B dev texts against the source "
-             f"(STS-B dev {reference.score:.2f}, {reference.texts_per_s:.0f} texts/s here); artifacts under "
-             f"runs:/{run_id}/exports/<format>.", "",
-             "| format | min cosine | mean cosine | STS-B delta | texts/s |", "|---|---|---|---|---|"]
+             f"(STS-B dev {reference.score:.2f}"
+             + (f", nDCG@10 {reference.retrieval_score:.2f} on the retrieval task" if retrieval else "")
+             + f", {reference.texts_per_s:.0f} texts/s here); artifacts under runs:/{run_id}/exports/<format>.", "",
+             "| format | min cosine | mean cosine | STS-B delta |" + (" nDCG@10 delta |" if retrieval else "")
+             + " texts/s |", "|---|---|---|---|" + ("---|" if retrieval else "") + "---|"]
     lines += [f"| {fmt} | {figures[fmt]['min_cosine']:.6f} | {figures[fmt]['mean_cosine']:.6f} | "
-              f"{figures[fmt]['score_delta']:+.3f} | {figures[fmt]['texts_per_s']:.0f} |" for fmt in folders]
+              f"{figures[fmt]['score_delta']:+.3f} |"
+              + (f" {figures[fmt]['retrieval_delta']:+.3f} |" if retrieval else "")
+              + f" {figures[fmt]['texts_per_s']:.0f} |" for fmt in folders]
     return "\n".join(lines) + "\n"
 
 

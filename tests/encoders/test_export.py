@@ -12,7 +12,9 @@ from encoders.backbone import build_encoder, export_encoder, inference_embedding
 from encoders.export import expanding_matmuls, load_export, save_merged, save_onnx
 from encoders.sources import resolve_model_source
 from evaluation.parity import cosines
+from evaluation.retrieval import dev_ndcg_at_10, read_dev_set
 from tests.conftest import job_module, private_stores
+from tests.evaluation.test_retrieval import _random_beir
 from tests.training.conftest import stsb_dev_folder
 
 TEXTS = ["a man is playing music.", "two dogs run in the snow", "the woman is eating food in the park with a child",
@@ -84,7 +86,9 @@ def test_onnx_graphs_embed_as_the_model_with_its_query_and_document_prompts(tmp_
 
 def test_the_export_job_logs_what_passes_on_the_version_and_refuses_what_drifts(tmp_path, monkeypatch, s3):
     """A registry alias as the source: merged and onnx pass and land on S3 and on the version's run (artifacts,
-    tags, description); onnx_int8 under a threshold it cannot reach is refused, the job failing with its figures."""
+    tags, description); onnx_int8 under a threshold it cannot reach is refused, the job failing with its figures.
+    With eval.retrieval each export's nDCG@10 is compared with the source's, computed here as training's dev check
+    computes it; a delta past export.max_retrieval_delta is named as a drift."""
     import mlflow
     from mlflow import MlflowClient
 
@@ -115,13 +119,31 @@ def test_the_export_job_logs_what_passes_on_the_version_and_refuses_what_drifts(
     assert float(held.tags["export.onnx.min_cosine"]) > 0.9999 and "export.onnx_int8.min_cosine" not in held.tags
     assert "## Exports" in held.description and "| onnx |" in held.description
 
-    passing = job.main(cfg.model_copy(update={"export": cfg.export.model_copy(update={"min_cosine_int8": 0.5})}))
+    # eval.retrieval: a BEIR folder whose nDCG@10 each export keeps (the merged fp32 weights are the source's own; a
+    # dozen queries of a random model move by whole points at one swapped rank, hence the wide bound here)
+    beir = _random_beir(tmp_path, np.random.default_rng(2))[0]
+    loose = {"min_cosine_int8": 0.5, "max_retrieval_delta": 50.0}
+    task = job.RetrievalTaskConfig(source=str(beir))
+    passing = job.main(cfg.model_copy(update={"export": cfg.export.model_copy(update=loose),
+                                              "eval": cfg.eval.model_copy(update={"retrieval": task})}))
     assert set(passing["exports"]) == {"merged", "onnx", "onnx_int8"}
     for figures in passing["exports"].values():
-        assert {"path", "min_cosine", "mean_cosine", "score_delta", "texts_per_s"} <= set(figures)
+        assert {"path", "min_cosine", "mean_cosine", "score_delta", "texts_per_s", "retrieval_delta"} <= set(figures)
         assert figures["texts_per_s"] > 0 and abs(figures["score_delta"]) <= 0.5
+        assert abs(figures["retrieval_delta"]) <= 50.0
+    dev = read_dev_set(str(beir), "test")
+    source = load_encoder(folder)
+    expected = dev_ndcg_at_10(lambda texts, side: inference_embeddings(source, texts, 32, side), dev)
+    assert passing["source_retrieval_score"] == pytest.approx(expected) and 0 < expected < 100
+    assert passing["exports"]["merged"]["retrieval_delta"] == pytest.approx(0.0, abs=1e-9)
     assert passing["model_version"] == f"models:/raoe-export-test/{version}"
-    assert client.get_model_version("raoe-export-test", str(version)).description.count("## Exports") == 1
+    held = client.get_model_version("raoe-export-test", str(version))
+    assert held.description.count("## Exports") == 1 and "nDCG@10 delta" in held.description
+    assert "export.onnx.retrieval_delta" in held.tags
+    thresholds = job.ExportSection(max_retrieval_delta=0.25)
+    assert job.drift({"min_cosine": 1.0, "min_cosine_required": 0.99, "score_delta": 0.1, "retrieval_delta": -0.3},
+                     thresholds) == ["nDCG@10 delta -0.300 (at most 0.25)"]
+    assert job.drift({"min_cosine": 1.0, "min_cosine_required": 0.99, "score_delta": 0.1}, thresholds) == []
 
     client.update_model_version("raoe-export-test", str(version), description=client.get_model_version(
         "raoe-export-test", str(version)).description + "\n\n## Notes\n\nkept by hand")
