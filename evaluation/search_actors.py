@@ -23,12 +23,13 @@ from encoders.devices import EncoderPool
 
 QUERIES_PER_CALL = 4096  # the query block each actor receives: large enough that a call's overhead is small
 POINTS_PER_LIST = 39  # FAISS's minimum training points per inverted list (fewer: it warns and clusters badly)
+TRAIN_PER_LIST = 64  # training points per list (FAISS asks 39-256): k-means on 1M x 384 rows stays seconds
 
 
 @dataclass(frozen=True)
 class SearchMethod:
     """How the search actors search: ``exact`` (a running top-k over every row), or ``faiss`` (an inverted-file index
-    per actor over its shards, inner product: ``lists`` lists, null 4 x sqrt(its rows), ``probes`` of them searched
+    per actor over its shards, inner product: ``lists`` lists, null sqrt(its rows), ``probes`` of them searched
     per query), whose recall@k against exact search is measured on the first ``recall_queries`` queries."""
 
     kind: str = "exact"
@@ -104,10 +105,11 @@ class ShardSearcher:
         vectors = np.concatenate([np.asarray(rows, dtype=np.float32) for _, rows in self.shards])
         vectors = normalised(vectors, dim) if dim is not None else np.ascontiguousarray(vectors)
         numbers = np.concatenate([np.arange(offset, offset + len(rows)) for offset, rows in self.shards])
-        lists = max(1, min(self.method.lists or int(4 * math.sqrt(len(vectors))), len(vectors) // POINTS_PER_LIST))
+        lists = max(1, min(self.method.lists or round(math.sqrt(len(vectors))), len(vectors) // POINTS_PER_LIST))
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(vectors.shape[1]), vectors.shape[1], lists,
                                    faiss.METRIC_INNER_PRODUCT)
-        sample = np.random.default_rng(0).choice(len(vectors), min(len(vectors), 256 * lists), replace=False)
+        sample = np.random.default_rng(0).choice(len(vectors), min(len(vectors), TRAIN_PER_LIST * lists),
+                                                 replace=False)
         index.train(vectors[np.sort(sample)])
         index.add(vectors)
         index.nprobe = min(self.method.probes, lists)

@@ -365,7 +365,7 @@ class SearchConfig(Section):
     method: Literal["exact", "faiss"] = Field("exact", description="exact: every row scored (a running top-k); "
                                               "faiss: FAISS inverted lists per actor (approximate, faster on large "
                                               "corpora), its recall against exact search reported")
-    faiss_lists: int | None = Field(None, ge=1, description="inverted lists per actor; null: 4 x sqrt(its rows)")
+    faiss_lists: int | None = Field(None, ge=1, description="inverted lists per actor; null: sqrt(its rows)")
     faiss_probes: int = Field(32, ge=1, description="lists searched per query (more: higher recall, slower)")
     recall_queries: int = Field(256, ge=0, description="queries also searched exactly to measure the approximate "
                                 "search's recall@k (0: not measured)")
