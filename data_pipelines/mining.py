@@ -1,13 +1,13 @@
-"""Hard-negative mining on Ray Data, with sentence-transformers' ``mine_hard_negatives`` rules and names: for
-(query, positive) pairs and a corpus, the corpus is encoded once into a cached index (evaluation.corpus_index), each
-query's first ``range_max`` corpus texts by exact search are its candidates once its known positives (every text
-paired with the same query) and the query itself are dropped. Against the query's lowest positive score ``p`` a
-candidate is kept only at ``score <= p - absolute_margin`` and ``score <= p - |p| x relative_margin`` (sign-safe),
-and within ``[min_score, max_score]``; the first ``range_min`` kept candidates are skipped, then the hardest
-``negatives_per_row`` are taken (``sampling: top``) or that many drawn at random (``random``, seeded by the query).
-Scores come from the mining model, or from a teacher bi-encoder that re-scores the candidates and positives (the
-candidates are then ranked by its scores). Each query gives one query group ``{query, positives, negatives}`` with
-the scores that kept them (``positive_scores``, ``negative_scores``).
+"""Hard-negative mining on Ray Data, with sentence-transformers' ``mine_hard_negatives`` rules and names: for (query,
+positive) pairs and a corpus, the corpus is encoded once into a cached index (evaluation.corpus_index), each query's
+first ``range_max`` corpus texts by exact search (or FAISS's lists: mining.search) are its candidates once its known
+positives (every text paired with the same query) and the query itself are dropped. Against the query's lowest
+positive score ``p`` a candidate is kept only at ``score <= p - absolute_margin`` and ``score <= p - |p| x
+relative_margin`` (sign-safe), and within ``[min_score, max_score]``; the first ``range_min`` kept candidates are
+skipped, then the hardest ``negatives_per_row`` are taken (``sampling: top``) or that many drawn at random
+(``random``, seeded by the query). Scores come from the mining model, or from a teacher bi-encoder that re-scores the
+candidates and positives (the candidates are then ranked by its scores). Each query gives one query group ``{query,
+positives, negatives}`` with the scores that kept them (``positive_scores``, ``negative_scores``).
 
 Where raoe differs from sentence-transformers: the query's own text is never its negative; a group is kept with
 fewer negatives than asked (sentence-transformers' n-tuples drop it); the candidates are the first ``range_max``
@@ -233,8 +233,7 @@ def _unit_embeddings(model, texts: list[str], batch_size: int, side: str) -> np.
     return normalised(inference_embeddings(model, texts, batch_size, side))
 
 
-def _scores_of_positives(model, queries: list[str], q_emb: np.ndarray, positives: list[list[str]],
-                         batch_size: int) -> list[np.ndarray]:
+def _scores_of_positives(model, q_emb: np.ndarray, positives: list[list[str]], batch_size: int) -> list[np.ndarray]:
     """Each query's score with each of its known positives, every distinct positive of the batch encoded once."""
     documents = list(dict.fromkeys(p for known in positives for p in known))
     document_emb = _unit_embeddings(model, documents, batch_size, "document")
@@ -258,7 +257,7 @@ class QueryEncoder:
         q_emb = _unit_embeddings(self.model, queries, self.s.batch_size, "query")
         scores = np.empty(len(queries), dtype=object)
         scores[:] = [np.asarray(p, dtype=np.float32) for p in
-                     _scores_of_positives(self.model, queries, q_emb, positives, self.s.batch_size)]
+                     _scores_of_positives(self.model, q_emb, positives, self.s.batch_size)]
         return {"text1": batch["text1"], "positives": batch["positives"], "query_embedding": q_emb,
                 "positive_scores": scores}
 
@@ -266,14 +265,14 @@ class QueryEncoder:
 def _search_candidates(batch: dict[str, np.ndarray], actors: list, rows: int, range_max: int,
                        method) -> dict[str, np.ndarray]:
     """Phase 2, a Ray Data task holding no CPU: each query's first ``range_max`` + (its batch's most known positives
-    + 1) index rows by exact search on the search actors, room for the positives and the query itself to be left
-    out."""
+    + 1) index rows found by the search actors (by their method: exact, or FAISS's lists), room for the positives
+    and the query itself to be left out."""
     from evaluation.search_actors import SearchActors
 
     widest = max(len(p) for p in batch["positives"]) + 1
     scores, found = SearchActors(actors, rows, method).search(batch["query_embedding"], range_max + widest)
     listed = lambda values: np.array([v[r >= 0] for v, r in zip(values, found)] + [None], dtype=object)[:-1]  # noqa: E731
-    return {"text1": batch["text1"], "positives": batch["positives"], "query_embedding": batch["query_embedding"],
+    return {"text1": batch["text1"], "positives": batch["positives"],
             "positive_scores": batch["positive_scores"], "candidate_rows": listed(found),
             "candidate_scores": listed(scores)}
 
@@ -366,15 +365,16 @@ def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool,
     groups = positives_by_query(pairs).materialize()  # tasks done before the actors take the CPUs
     encoded = groups.map_batches(QueryEncoder, fn_constructor_kwargs={"settings": settings},
                                  batch_size=queries_per_batch, compute=actors, **resources).materialize()
-    recall = None
+    recall, sample = None, []
+    if method.approximate and method.recall_queries:  # read before the search actors take the CPUs
+        sample = [row["query_embedding"] for row in encoded.take(method.recall_queries)]
     with search_actors(index, pool, method) as searcher:
         found = encoded.map_batches(
             _search_candidates, fn_kwargs={"actors": searcher.actors, "rows": index.rows,
                                            "range_max": settings.range_max, "method": method},
             batch_size=queries_per_batch, num_cpus=0, concurrency=len(searcher.actors)).materialize()
-        if method.approximate and method.recall_queries:
-            sample = encoded.select_columns(["query_embedding"]).take(method.recall_queries)
-            recall = searcher.recall(np.stack([row["query_embedding"] for row in sample]), settings.range_max)
+        if sample:
+            recall = searcher.recall(np.stack(sample), settings.range_max)
             print(f"[raoe] approximate search (faiss): recall@{settings.range_max} {recall:.4f} against exact search "
                   f"over {len(sample)} queries", flush=True)
     if settings.teacher_path:  # a model to hold: actors that load it once

@@ -142,13 +142,14 @@ class RetrievalDevSet:
 
 
 def read_dev_set(source: str, split: str = "dev", name: str | None = None, max_queries: int | None = None,
-                 max_documents: int = DEV_MAX_DOCUMENTS, ignore_identical_ids: bool = True) -> RetrievalDevSet:
+                 max_documents: int = DEV_MAX_DOCUMENTS, ignore_identical_ids: bool = True,
+                 key: str = "eval.dev_retrieval") -> RetrievalDevSet:
     task = read_task(source, split, name, max_queries, ignore_identical_ids)
     ids, texts = [], []
     for doc_id, text in read_corpus(source):
         if len(ids) == max_documents:
-            raise ValueError(f"eval.dev_retrieval: {source} holds more than {max_documents:,} documents; every "
-                             "evaluation inside training encodes the whole corpus: use a dev-sized set")
+            raise ValueError(f"{key}: {source} holds more than {max_documents:,} documents; each check encodes the "
+                             "whole corpus: use a dev-sized set")
         ids.append(doc_id)
         texts.append(text)
     return RetrievalDevSet(task, ids, texts)

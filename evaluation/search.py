@@ -49,7 +49,7 @@ class RunningTopK:
         rows = torch.arange(offset, offset + len(corpus), device=self.device)
         for start in range(0, self.scores.shape[0], query_block):
             q = torch.as_tensor(np.asarray(queries[start : start + query_block], dtype=np.float32), device=self.device)
-            block = (q.to(corpus.dtype) @ corpus.T).float()  # an fp16 shard on a GPU: fp16 product, fp32 merge
+            block = q @ corpus.T
             top, pos = _top_lowest_first(block, min(self.k, block.shape[1]))
             self.merge(slice(start, start + len(q)), top, rows[pos])
 
@@ -73,14 +73,14 @@ def _tensor(values: np.ndarray | torch.Tensor, device: str) -> torch.Tensor:
 
 
 class ResidentShards:
-    """An index's shards as tensors on the searching actor's device (fp16 on a GPU, float32 on CPU), copied once and
+    """An index's shards as float32 tensors on the searching actor's device (a GPU's too: exact search scores as
+    the CPU does, and promotion compares scores from either), copied once and
     kept there while they fit the budget (``RAOE_SEARCH_RESIDENT_GB``; default 2 GB on CPU, half the free memory of a
     GPU times the actor's share of it); the shards beyond it are copied from their memory maps at each pass. A search
     actor receives query block after query block: without this, every block re-read and re-copied every shard."""
 
     def __init__(self, device: str = "cpu", budget_bytes: float | None = None, share: float = 1.0):
         self.device = device
-        self.dtype = torch.float16 if device.startswith("cuda") else torch.float32
         self.budget = _resident_budget(device, share) if budget_bytes is None else budget_bytes
         self.kept: dict[int, torch.Tensor] = {}
         self.kept_bytes = 0
@@ -89,8 +89,8 @@ class ResidentShards:
         """The shard that starts at row ``offset``, on the device."""
         if offset in self.kept:
             return self.kept[offset]
-        tensor = torch.from_numpy(np.array(shard, dtype=np.float32)).to(self.device, self.dtype)  # a copy: the map
-        if self.kept_bytes + tensor.nbytes <= self.budget:  # is read-only
+        tensor = torch.from_numpy(np.array(shard, dtype=np.float32)).to(self.device)  # a copy: the map is read-only
+        if self.kept_bytes + tensor.nbytes <= self.budget:
             self.kept[offset] = tensor
             self.kept_bytes += tensor.nbytes
         return tensor

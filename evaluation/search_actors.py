@@ -1,5 +1,5 @@
 """Exact search where the embeddings are: long-lived Ray actors, each holding some shards of a corpus index resident
-on its device (a GPU in fp16 when it has one, else float32 on CPU; copied once, within RAOE_SEARCH_RESIDENT_GB),
+on its device (float32, a GPU's when it has one, else memory; copied once, within RAOE_SEARCH_RESIDENT_GB),
 receive large query blocks and return their local top-k; the caller merges them into the global top-k, the same rows
 and order as one pass over the whole index (lower row first among equal scores).
 
@@ -7,7 +7,7 @@ and order as one pass over the whole index (lower row first among equal scores).
         scores, rows = searcher.search(queries, k)    # [Q, k], best first; rows are index row numbers (-1: none)
 
 The driver holds the query block and the merged [Q, k] only: never a shard. An index of 100M rows x 768 dims
-(300 GB in float32) is searched by as many actors as hold it, 8 GPUs x 80 GB in fp16; each actor's share is a
+(300 GB in float32) is searched by as many actors as hold it, 8 GPUs x 80 GB; each actor's share is a
 contiguous run of shards balanced by rows."""
 
 from __future__ import annotations
@@ -67,8 +67,9 @@ class ShardSearcher:
         index = CorpusIndex.at(location)  # on object storage, this node's copy (made once per node)
         wanted = set(shards)
         self.shards = [(offset, rows) for number, (offset, rows) in enumerate(index.shards()) if number in wanted]
-        self.resident = ResidentShards(self.device, share=gpus)
-        self.inverted: dict = {}  # FAISS: one index per size searched, built at its first search
+        # FAISS holds its own copy of the rows: exact search (its recall check) then reads the memory maps
+        self.resident = ResidentShards(self.device, share=gpus, budget_bytes=0 if method.approximate else None)
+        self.inverted: tuple | None = None  # FAISS: (size, index, row numbers) of the size searched last
         for offset, rows in self.shards if not method.approximate else ():  # copied in now, not at the first block
             self.resident.get(offset, rows)
 
@@ -89,9 +90,12 @@ class ShardSearcher:
         return best.result()
 
     def _approximate(self, queries: np.ndarray, k: int, dim: int | None) -> tuple[np.ndarray, np.ndarray]:
-        if dim not in self.inverted:
-            self.inverted[dim] = self._inverted_file(dim)
-        index, rows = self.inverted[dim]
+        if self.inverted is None or self.inverted[0] != dim:  # one size held at a time: each is a copy of the rows
+            self.inverted = None
+            self.inverted = (dim, *self._inverted_file(dim))
+        _, index, rows = self.inverted
+        if not len(rows):
+            return np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64)
         scores, local = index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
         found = np.where(local >= 0, rows[np.clip(local, 0, None)], -1)
         return np.where(local >= 0, scores, -np.inf).astype(np.float32), found
@@ -105,6 +109,8 @@ class ShardSearcher:
         vectors = np.concatenate([np.asarray(rows, dtype=np.float32) for _, rows in self.shards])
         vectors = normalised(vectors, dim) if dim is not None else np.ascontiguousarray(vectors)
         numbers = np.concatenate([np.arange(offset, offset + len(rows)) for offset, rows in self.shards])
+        if not len(vectors):
+            return None, numbers
         lists = max(1, min(self.method.lists or round(math.sqrt(len(vectors))), len(vectors) // POINTS_PER_LIST))
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(vectors.shape[1]), vectors.shape[1], lists,
                                    faiss.METRIC_INNER_PRODUCT)
@@ -142,7 +148,7 @@ class SearchActors:
     def recall(self, queries: np.ndarray, k: int, dim: int | None = None) -> float | None:
         """The approximate search's recall@k against exact search, over the first ``recall_queries`` queries: the
         share of each query's exact top-k it finds, averaged; None for exact search."""
-        if not self.method.approximate or not self.method.recall_queries or not len(queries):
+        if not self.method.approximate or not self.method.recall_queries or not len(queries) or not self.actors:
             return None
         sample = queries[: self.method.recall_queries]
         _, found = self.search(sample, k, dim)
@@ -153,7 +159,7 @@ class SearchActors:
 
 @contextmanager
 def search_actors(index, pool: EncoderPool, method: SearchMethod = SearchMethod()) -> Iterator[SearchActors]:
-    """Actors (``pool.actors`` of them at most, one per shard at least, each with the pool's CPUs and GPUs) holding
+    """Actors (``pool.actors`` of them at most, each holding one shard at least, with the pool's CPUs and GPUs) holding
     ``index`` between them, searching by ``method``, ended on exit so that the next Ray Data pool gets their
     resources."""
     import ray

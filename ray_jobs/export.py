@@ -107,7 +107,7 @@ def main(cfg: ExportJobConfig) -> dict:
 
         task = cfg.eval.retrieval
         dev = read_dev_set(task.source, task.split, task.task_name, task.max_queries,
-                           ignore_identical_ids=task.ignore_identical_ids)
+                           ignore_identical_ids=task.ignore_identical_ids, key="eval.retrieval")
         print(f"[raoe] and nDCG@10 on {task.task_name}: {len(dev.task.query_ids)} queries, "
               f"{len(dev.corpus_ids)} documents", flush=True)
     reference = source_embeddings(load_encoder(model_path), pairs, e.batch_size, dev)
@@ -202,6 +202,8 @@ def _log(cfg: ExportJobConfig, source: str, folders: dict, figures: dict, refuse
             for key in PARITY_TAGS:
                 if key in figures[fmt]:
                     set_version_tag(client, name, version, f"export.{fmt}.{key}", f"{figures[fmt][key]:.6g}")
+                elif f"export.{fmt}.{key}" in held.tags:  # an earlier run's retrieval delta, not checked now
+                    client.delete_model_version_tag(name, version, f"export.{fmt}.{key}")
         for fmt in refused:  # an earlier run's figures of a format refused now would read as passing
             for key in PARITY_TAGS:
                 if f"export.{fmt}.{key}" in held.tags:

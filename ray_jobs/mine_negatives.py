@@ -1,12 +1,12 @@
-"""Mine hard negatives for (query, positive) pairs on Ray Data, by sentence-transformers' mine_hard_negatives rules
-and names: the corpus (mining.corpus, default the pairs' positives) is encoded once by an actor pool into a cached
-index; each query's first mining.range_max corpus texts by exact search, its known positives and itself left out,
-are its candidates; a candidate is kept only below the query's lowest positive score p by mining.absolute_margin
-(score <= p - margin) and mining.relative_margin (score <= p - |p| x margin), and within mining.min_score /
-max_score; the first mining.range_min kept are skipped and mining.negatives_per_row taken, the hardest
-(mining.sampling top) or at random (random, seeded). Scores may come from mining.teacher. Writes a query group per
-query, {query, positives, negatives, positive_scores, negative_scores}, JSON lines under <output_dir>/data, that
-Stage 1 trains supervised InfoNCE on (data.format: groups_jsonl, data.group_size, objective infonce).
+"""Mine hard negatives for (query, positive) pairs on Ray Data, by sentence-transformers' mine_hard_negatives rules and
+names: the corpus (mining.corpus, default the pairs' positives) is encoded once by an actor pool into a cached index;
+each query's first mining.range_max corpus texts by exact search (mining.search: or FAISS's lists), its known
+positives and itself left out, are its candidates; a candidate is kept only below the query's lowest positive score p
+by mining.absolute_margin (score <= p - margin) and mining.relative_margin (score <= p - |p| x margin), and within
+mining.min_score / max_score; the first mining.range_min kept are skipped and mining.negatives_per_row taken, the
+hardest (mining.sampling top) or at random (random, seeded). Scores may come from mining.teacher. Writes a query
+group per query, {query, positives, negatives, positive_scores, negative_scores}, JSON lines under <output_dir>/data,
+that Stage 1 trains supervised InfoNCE on (data.format: groups_jsonl, data.group_size, objective infonce).
 
 data.train: (query, positive) rows ({text1, text2} or {query | anchor, positive} JSON lines, Parquet, hf:<dataset>),
 labelled NLI pairs (SNLI/SentEval/pairs JSON lines), of which the entailment pairs are the (query, positive) pairs,
@@ -53,8 +53,8 @@ class MiningConfig(Section):
     corpus: str | None = Field(None, description="where negatives come from: sentences (txt, or JSON lines with text) "
                                "or a BEIR folder; null = the pairs' positives")
     corpus_format: Literal["auto", "txt", "jsonl", "parquet"] = Field("auto", description="reader of mining.corpus")
-    range_max: int = Field(50, ge=1, description="candidates per query: the first range_max by exact search, after "
-                           "its known positives and itself")
+    range_max: int = Field(50, ge=1, description="candidates per query: the first range_max found (exact search "
+                           "unless mining.search says faiss), after its known positives and itself")
     range_min: int = Field(0, ge=0, description="the first range_min candidates that pass the margins are skipped "
                            "(likely unjudged positives)")
     absolute_margin: float | None = Field(None, ge=0, le=2, description="keep score <= p - absolute_margin, p the "
@@ -72,7 +72,8 @@ class MiningConfig(Section):
     teacher: str | None = Field(None, description="a bi-encoder that re-scores candidates and positives (the margin "
                                 "then applies to its scores); null = the mining model's scores")
     batch_size: int = Field(64, ge=1, description="texts per encoder call")
-    queries_per_batch: int = Field(256, ge=1, description="queries a mining actor searches at once")
+    queries_per_batch: int = Field(256, ge=1, description="queries per batch in each phase (encoding, search, "
+                                   "picking)")
     search: SearchConfig = Field(default_factory=SearchConfig, description="how candidates are found in the corpus "
                                  "index: exact (default) or faiss (approximate; its recall is in the JSON line)")
 

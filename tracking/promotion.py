@@ -53,7 +53,7 @@ def evaluation_key(eval_cfg, dim: int | None = None) -> str:
                              for t in retrieval]
         search = getattr(eval_cfg, "search", None)
         if search is not None and search.method != "exact":  # approximate scores compare only with their own kind
-            spec["search"] = search.model_dump()
+            spec["search"] = search.model_dump(exclude={"recall_queries"})  # what changes the scores
     return hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -241,8 +241,13 @@ def test_faiss_search_actors_are_exact_when_every_list_is_probed_and_measure_the
     with search_actors(index, pool, SearchMethod("faiss", lists=16, probes=16, recall_queries=40)) as searcher:
         scores, rows = searcher.search(queries, 20)
         assert searcher.recall(queries, 20) == pytest.approx(1.0)
+        _, cut_rows = searcher.search(queries, 20, dim=8)  # a Matryoshka size: lists built again over the cut rows
+        again = searcher.search(queries, 20)[1]
     np.testing.assert_allclose(np.take_along_axis(cosines, rows, 1), best, atol=1e-5)
     np.testing.assert_allclose(scores, best, atol=1e-5)
+    np.testing.assert_array_equal(again, rows)
+    cut = normalised(queries, 8).astype(np.float64) @ normalised(corpus, 8).astype(np.float64).T
+    np.testing.assert_allclose(np.take_along_axis(cut, cut_rows, 1), -np.sort(-cut, axis=1)[:, :20], atol=1e-5)
     with search_actors(index, pool, SearchMethod("faiss", lists=32, probes=1, recall_queries=40)) as searcher:
         _, found = searcher.search(queries, 20)
         recall = searcher.recall(queries, 20)
