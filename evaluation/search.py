@@ -48,7 +48,7 @@ class RunningTopK:
                   else chunk).to(self.device)  # a memory-mapped shard is read-only
         rows = torch.arange(offset, offset + len(corpus), device=self.device)
         for start in range(0, self.scores.shape[0], query_block):
-            q = torch.as_tensor(np.asarray(queries[start : start + query_block], dtype=np.float32), device=self.device)
+            q = _tensor(queries[start : start + query_block], self.device).float()
             block = q @ corpus.T
             top, pos = _top_lowest_first(block, min(self.k, block.shape[1]))
             self.merge(slice(start, start + len(q)), top, rows[pos])
@@ -68,7 +68,7 @@ class RunningTopK:
 
 
 def _tensor(values: np.ndarray | torch.Tensor, device: str) -> torch.Tensor:
-    """On the device; an array another process sent (read-only) copied, a tensor as it is."""
+    """On the device; an array copied (one another process sent is read-only), a tensor as it is."""
     return values.to(device) if isinstance(values, torch.Tensor) else torch.from_numpy(np.array(values)).to(device)
 
 
