@@ -96,7 +96,7 @@ def evaluate_task(model_path: str, task: RetrievalTask, *, pool: EncoderPool, ba
             scores, rows = searcher.search(queries, SEARCH_DEPTH, dim=dim)
             ranked = rankings(task, scores, rows, lambda found: index.take("id", found))
             results[dim], queries_scored = score_rankings(task, ranked)
-            recall = searcher.recall(queries, DEPTH, dim=dim)
+            recall = searcher.recall(queries, DEPTH, dim=dim, found=rows)  # the first DEPTH of its rows
             if recall is not None:
                 results[dim]["search_recall@100"] = recall
                 print(f"retrieval {task.name}: approximate search recall@100 {recall:.4f} against exact search",

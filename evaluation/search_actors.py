@@ -145,13 +145,15 @@ class SearchActors:
                 best.merge(slice(start, start + len(scores)), scores, rows)
         return best.result()
 
-    def recall(self, queries: np.ndarray, k: int, dim: int | None = None) -> float | None:
+    def recall(self, queries: np.ndarray, k: int, dim: int | None = None,
+               found: np.ndarray | None = None) -> float | None:
         """The approximate search's recall@k against exact search, over the first ``recall_queries`` queries: the
-        share of each query's exact top-k it finds, averaged; None for exact search."""
+        share of each query's exact top-k it finds, averaged; None for exact search. ``found``: the approximate top-k
+        rows of these queries when the caller has them (not searched again)."""
         if not self.method.approximate or not self.method.recall_queries or not len(queries) or not self.actors:
             return None
         sample = queries[: self.method.recall_queries]
-        _, found = self.search(sample, k, dim)
+        found = self.search(sample, k, dim)[1] if found is None else found[: len(sample), :k]
         _, truth = self.search(sample, k, dim, exact=True)
         shares = [len(set(f[f >= 0]) & set(t[t >= 0])) / max(1, int((t >= 0).sum())) for f, t in zip(found, truth)]
         return float(np.mean(shares))
