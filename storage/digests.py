@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from storage.paths import storage_path
@@ -27,6 +28,8 @@ from storage.paths import storage_path
 TABLE = "file-digests.json"  # under RAOE_CACHE: {"<path>|<size>|<mtime_ns>|<edges>": sha1}
 BLOCK = 1 << 24
 EDGE_BYTES = 1 << 20
+HASH_THREADS = 16  # files checked and hashed at once
+ANNOUNCE_BYTES = 1 << 30  # hashing more than this says so first
 
 
 def _table_path() -> Path:
@@ -78,33 +81,42 @@ def content_digest(path) -> str:
 
 
 def content_digests(paths) -> list[str]:
-    """``content_digest`` of each path, the table read and written once."""
-    table, new, out = None, {}, []
-    for path in map(storage_path, paths):
-        key = _table_key(path)
-        table = _read_table() if table is None else table
-        if key is None or key not in table:
-            digest = _sha1(path)
-            if key is not None:
-                new[key] = table[key] = digest
-            out.append(digest)
-        else:
-            out.append(table[key])
+    """``content_digest`` of each path, in order, the table read and written once. Files are checked and hashed
+    ``HASH_THREADS`` at a time: on object storage each is a request and a stream of its own (one at a time, the
+    first check of a corpus of thousands of shards is thousands of round trips and one object read after another;
+    hashlib leaves the GIL to the other threads while it hashes a block)."""
+    paths = [storage_path(p) for p in paths]
+    if not paths:
+        return []
+    table = _read_table()
+    with ThreadPoolExecutor(min(HASH_THREADS, len(paths)), thread_name_prefix="raoe-digest") as pool:
+        keys, sizes = zip(*pool.map(_table_key, paths))
+        unknown = [(i, key) for i, key in enumerate(keys) if key is None or key not in table]
+        _announce(len(unknown), sum(sizes[i] for i, _ in unknown))
+        hashed = dict(zip((i for i, _ in unknown), pool.map(_sha1, [paths[i] for i, _ in unknown])))
+    new = {key: hashed[i] for i, key in unknown if key is not None}
     if new:
         _remember(new)
-    return out
+    return [hashed[i] if i in hashed else table[key] for i, key in enumerate(keys)]
 
 
-def _table_key(path) -> str | None:
-    """What says a file still holds the bytes its remembered digest was made of: on a file system its path, size,
-    mtime and edges; on object storage its URI, size and the store's ETag (a checksum of the object), or None
-    where the store gives none (the bytes are then hashed each time)."""
+def _announce(files: int, size: int) -> None:
+    """A line before hashing what will take a while (the first check of a large corpus): it is done once."""
+    if size >= ANNOUNCE_BYTES:
+        print(f"[raoe] hashing {files} file(s) ({size / 1e9:.1f} GB), {HASH_THREADS} at a time: once, then "
+              f"remembered in {_table_path()}", flush=True)
+
+
+def _table_key(path) -> tuple[str | None, int]:
+    """(what says a file still holds the bytes its remembered digest was made of, its size): on a file system its
+    path, size, mtime and edges; on object storage its URI, size and the store's ETag (a checksum of the object), or
+    None where the store gives none (the bytes are then hashed each time)."""
     if isinstance(path, Path):
         stat = path.stat()
-        return f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{_edges(path, stat.st_size)}"
+        return f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{_edges(path, stat.st_size)}", stat.st_size
     info = path.fs.info(path.path)
     tag = info.get("ETag") or info.get("etag") or info.get("md5Hash")
-    return f"{path}|{info.get('size')}|{tag}" if tag else None
+    return (f"{path}|{info.get('size')}|{tag}" if tag else None), int(info.get("size") or 0)
 
 
 def tree_digest(folder) -> str:

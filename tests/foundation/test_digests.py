@@ -63,3 +63,46 @@ def test_a_hub_name_without_a_cached_snapshot_has_no_revision():
     assert digests.hub_revision("nobody/no-such-model-raoe-test") is None
     with pytest.raises(FileNotFoundError):
         digests.content_digest("/no/such/file")
+
+
+def test_many_files_are_hashed_at_once_in_order_and_said_before(s3, tmp_path, monkeypatch, capsys):
+    """The first check of a corpus of many shards on object storage overlaps its reads (one object after another is
+    a round trip and a stream each), returns the digests in the order asked, says what it hashes once it is large,
+    and a warm check hashes nothing."""
+    import hashlib
+    import threading
+    import time
+
+    from storage.paths import storage_path
+
+    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(digests, "ANNOUNCE_BYTES", 1000)
+    blobs = [os.urandom(300 + i) for i in range(8)]
+    paths = []
+    for i, blob in enumerate(blobs):
+        if i % 2:
+            storage_path(s3.uri(f"corpus/part-{i}.jsonl")).write_bytes(blob)
+            paths.append(s3.uri(f"corpus/part-{i}.jsonl"))
+        else:
+            (tmp_path / f"part-{i}.jsonl").write_bytes(blob)
+            paths.append(tmp_path / f"part-{i}.jsonl")
+    real, lock, state = digests._sha1, threading.Lock(), {"now": 0, "most": 0, "calls": 0}
+
+    def watched(path):
+        with lock:
+            state["now"] += 1
+            state["calls"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(0.2)  # a slow stream: the others start meanwhile
+        try:
+            return real(path)
+        finally:
+            with lock:
+                state["now"] -= 1
+
+    monkeypatch.setattr(digests, "_sha1", watched)
+    assert digests.content_digests(paths) == [hashlib.sha1(b).hexdigest() for b in blobs]
+    assert state["calls"] == 8 and state["most"] >= 4
+    assert "[raoe] hashing 8 file(s)" in capsys.readouterr().out
+    assert digests.content_digests(paths[::-1]) == [hashlib.sha1(b).hexdigest() for b in blobs[::-1]]
+    assert state["calls"] == 8 and "hashing" not in capsys.readouterr().out  # warm: from the table
