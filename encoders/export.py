@@ -126,10 +126,23 @@ def save_onnx(merged_folder: str | Path, out: str | Path, int8: bool = False) ->
     if int8:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
+        # A graph past protobuf's 2 GB keeps its weights outside (torch's exporter writes a file per tensor there):
+        # so does its quantised copy, in one file beside it, or it cannot be written at all (a 7B decoder).
         quantize_dynamic(str(graph), str(out / ONNX_FILE["onnx_int8"]), weight_type=QuantType.QUInt8,
-                         per_channel=True, nodes_to_quantize=expanding_matmuls(graph))
-        graph.unlink()
+                         per_channel=True, nodes_to_quantize=expanding_matmuls(graph),
+                         use_external_data_format=bool(weight_files(graph)))
+        for name in [*weight_files(graph), graph.name]:
+            (graph.parent / name).unlink()
     return out
+
+
+def weight_files(graph: Path) -> list[str]:
+    """The files beside ``graph`` holding its weights (none for a graph under 2 GB: they are inside it)."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    return sorted({entry.value for w in model.graph.initializer if w.data_location == onnx.TensorProto.EXTERNAL
+                   for entry in w.external_data if entry.key == "location"})
 
 
 def expanding_matmuls(graph: Path) -> list[str]:

@@ -153,3 +153,31 @@ def test_the_export_job_logs_what_passes_on_the_version_and_refuses_what_drifts(
     assert not storage_path(s3.uri("exports/onnx_int8")).exists() and "export.onnx_int8.min_cosine" not in held.tags
     assert held.description.count("## Exports") == 1 and "| onnx_int8 |" not in held.description
     assert held.description.endswith("## Notes\n\nkept by hand")
+
+
+def test_an_int8_export_of_a_graph_past_2_gb_keeps_its_weights_in_one_file_beside_it(tmp_path, monkeypatch):
+    """Past protobuf's 2 GB (a 7B decoder) torch's exporter writes a file per weight beside the graph, and the
+    quantised graph cannot be written inside one file either: it keeps its weights in one file beside it, the fp32
+    weight files are gone, and it embeds as the int8 export of the same model kept whole."""
+    import onnx
+
+    import encoders.export as export
+
+    source = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "source")
+    merged = save_merged(str(source), tmp_path / "merged")
+    whole = save_onnx(merged, tmp_path / "whole", int8=True)
+    real = export._export_graph
+
+    def past_2_gb(folder, target):  # what torch's exporter writes for a graph over 2 GB
+        real(folder, target)
+        onnx.save_model(onnx.load(str(target)), str(target), save_as_external_data=True, all_tensors_to_one_file=False,
+                        size_threshold=0)
+
+    monkeypatch.setattr(export, "_export_graph", past_2_gb)
+    split = save_onnx(merged, tmp_path / "split", int8=True)
+    files = sorted(p.name for p in (split / "onnx").iterdir())
+    assert files == ["model_qint8.onnx", "model_qint8.onnx.data"]
+    assert export.weight_files(split / "onnx" / "model_qint8.onnx") == ["model_qint8.onnx.data"]
+    assert not export.weight_files(whole / "onnx" / "model_qint8.onnx")
+    np.testing.assert_allclose(load_export(split, "onnx_int8").encode(TEXTS), load_export(whole, "onnx_int8").encode(TEXTS),
+                               rtol=1e-5, atol=1e-6)
