@@ -114,15 +114,20 @@ def save_merged(model_path: str, out: str | Path, dtype: str = "float32") -> Pat
     return out
 
 
-def save_onnx(merged_folder: str | Path, out: str | Path, int8: bool = False) -> Path:
-    """``onnx`` (or ``onnx_int8``): a copy of the fp32 merged folder with the transformer's graph in onnx/."""
+def save_onnx(merged_folder: str | Path, out: str | Path, int8: bool = False, traced: str | Path | None = None) -> Path:
+    """``onnx`` (or ``onnx_int8``): a copy of the fp32 merged folder with the transformer's graph in onnx/. The int8
+    copy quantises ``traced`` (an ``onnx`` export of the same folder) when given, instead of tracing the model again:
+    a 7B trace takes minutes and the model's weights in memory."""
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(merged_folder, out)
     graph = out / ONNX_FILE["onnx"]
     graph.parent.mkdir(parents=True, exist_ok=True)
-    _export_graph(merged_folder, graph)
+    if traced is not None and int8:
+        graph = Path(traced) / ONNX_FILE["onnx"]
+    else:
+        _export_graph(merged_folder, graph)
     if int8:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -131,8 +136,9 @@ def save_onnx(merged_folder: str | Path, out: str | Path, int8: bool = False) ->
         quantize_dynamic(str(graph), str(out / ONNX_FILE["onnx_int8"]), weight_type=QuantType.QUInt8,
                          per_channel=True, nodes_to_quantize=expanding_matmuls(graph),
                          use_external_data_format=bool(weight_files(graph)))
-        for name in [*weight_files(graph), graph.name]:
-            (graph.parent / name).unlink()
+        if graph.parent == out / "onnx":  # traced here for this copy only
+            for name in [*weight_files(graph), graph.name]:
+                (graph.parent / name).unlink()
     return out
 
 

@@ -121,7 +121,7 @@ def main(cfg: ExportJobConfig) -> dict:
             if fmt == "merged":
                 built[fmt] = merged_fp32 if e.dtype == "float32" else save_merged(model_path, scratch / fmt, e.dtype)
             else:
-                built[fmt] = save_onnx(merged_fp32, scratch / fmt, int8=fmt == "onnx_int8")
+                built[fmt] = save_onnx(merged_fp32, scratch / fmt, int8=fmt == "onnx_int8", traced=built.get("onnx"))
             check = parity(reference, load_export(built[fmt], fmt), pairs, e.batch_size, dev)
             figures[fmt] = {key: value for key, value in check.as_dict().items() if value is not None}
             figures[fmt]["min_cosine_required"] = _least_cosine(fmt, e)

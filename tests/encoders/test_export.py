@@ -107,8 +107,13 @@ def test_the_export_job_logs_what_passes_on_the_version_and_refuses_what_drifts(
                               export={"formats": ["merged", "onnx", "onnx_int8"], "sample_pairs": 24,
                                       "min_cosine_int8": 1.0},
                               eval={"data_dir": str(stsb_dev_folder(tmp_path / "senteval"))}, output_dir=s3.uri("exports"))
+    import encoders.export
+
+    traces, trace = [], encoders.export._export_graph
+    monkeypatch.setattr(encoders.export, "_export_graph", lambda *a: traces.append(a) or trace(*a))
     with pytest.raises(job.ExportRefused, match=r"onnx_int8: min cosine [01]\.\d+ \(needs 1\.0\).*Kept: merged, onnx"):
         job.main(cfg)
+    assert len(traces) == 1  # onnx_int8 quantised the onnx export's graph: the model traced once
     from storage.paths import storage_path
 
     assert storage_path(s3.uri("exports/onnx/onnx/model.onnx")).exists()
@@ -127,6 +132,8 @@ def test_the_export_job_logs_what_passes_on_the_version_and_refuses_what_drifts(
     passing = job.main(cfg.model_copy(update={"export": cfg.export.model_copy(update=loose),
                                               "eval": cfg.eval.model_copy(update={"retrieval": task})}))
     assert set(passing["exports"]) == {"merged", "onnx", "onnx_int8"}
+    assert sorted(p.name for p in storage_path(passing["exports"]["onnx_int8"]["path"]).joinpath("onnx").iterdir()) \
+        == ["model_qint8.onnx"]  # the int8 graph alone, not the fp32 graph it was quantised from
     for figures in passing["exports"].values():
         assert {"path", "min_cosine", "mean_cosine", "score_delta", "texts_per_s", "retrieval_delta"} <= set(figures)
         assert figures["texts_per_s"] > 0 and abs(figures["score_delta"]) <= 0.5
