@@ -216,7 +216,7 @@ def load_onnx(folder: str | Path, fmt: str = "onnx"):
     ``encode_query``, raoe's ``inference_embeddings`` all work on it)."""
     from encoders.backbone import load_encoder
 
-    model = load_encoder(str(folder))
+    model = load_encoder(str(folder), weights=False)
     module = model[0]
     _set_transformer(module, _OnnxForward(Path(folder) / ONNX_FILE[fmt], module.auto_model.config))
     return model

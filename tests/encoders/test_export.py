@@ -57,10 +57,10 @@ def test_a_qlora_model_merges_into_a_plain_folder_that_embeds_as_the_4bit_model(
     assert json.loads((half / "config.json").read_text())["dtype"] == "bfloat16"
 
 
-def test_onnx_graphs_embed_as_the_model_with_its_query_and_document_prompts(tmp_path):
+def test_onnx_graphs_embed_as_the_model_with_its_query_and_document_prompts(tmp_path, monkeypatch):
     """sentence-transformers' ONNX layout (onnx/model.onnx, output last_hidden_state); encode_query and
-    encode_document through onnxruntime equal the torch model's; int8 quantises the feed-forward up-projections
-    alone and stays close."""
+    encode_document through onnxruntime equal the torch model's, which is never loaded beside the graph; int8
+    quantises the feed-forward up-projections alone and stays close."""
     import onnx
 
     model = build_encoder(resolve_model_source("tiny:bert"), max_length=32, query_max_length=8,
@@ -76,7 +76,14 @@ def test_onnx_graphs_embed_as_the_model_with_its_query_and_document_prompts(tmp_
     widening = expanding_matmuls(fp32 / "onnx" / "model.onnx")  # the feed-forward up-projection of each layer
     assert len(widening) == 2 and ops.count("MatMulInteger") == len(widening)
     assert ops.count("MatMul") == [n.op_type for n in graph.graph.node].count("MatMul") - len(widening)
+    import encoders.export
+
+    replaced, set_transformer = [], encoders.export._set_transformer
+    monkeypatch.setattr(encoders.export, "_set_transformer",
+                        lambda module, inner: replaced.append(module.model) or set_transformer(module, inner))
     torch_model, onnx_model = load_encoder(str(source)), load_export(fp32, "onnx")
+    # the graph runs in the transformer's place: its torch weights were never read into memory
+    assert {p.device.type for p in replaced[0].parameters()} == {"meta"}
     for encode in ("encode_query", "encode_document"):
         want, got = getattr(torch_model, encode)(TEXTS), getattr(onnx_model, encode)(TEXTS)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
