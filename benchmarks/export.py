@@ -1,5 +1,5 @@
 """Exports of the MiniLM student: parity with the torch model and texts/s, for the merged folder (torch fp32), ONNX
-fp32 and ONNX int8, in one run of the export job.
+fp32, ONNX int8 and OpenVINO fp32 (where the openvino package is installed), in one run of the export job.
 
   python benchmarks/export.py [--pairs 1500]
 
@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "ray_jobs"))
 
 from benchmarks.common import machine, write_results  # noqa: E402
+from encoders.export_formats import openvino_missing  # noqa: E402
 
 MODEL = "pypi:all-minilm-l6-v2"
 SENTEVAL = ROOT.parent / "shared" / "data" / "senteval"
@@ -36,7 +37,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow.db"
         os.environ["RAOE_MLFLOW_ARTIFACTS"] = f"{tmp}/artifacts"
-        every = {"sample_pairs": args.pairs, "formats": ["merged", "onnx", "onnx_int8"]}
+        formats = ["merged", "onnx", "onnx_int8"] + ([] if openvino_missing() else ["openvino"])
+        every = {"sample_pairs": args.pairs, "formats": formats}
         cfg = export.ExportJobConfig(model={"source": MODEL}, export=every,
                                      eval={"data_dir": str(SENTEVAL)}, output_dir=f"{tmp}/exports",
                                      tracking={"experiment": "bench-export"})
@@ -54,7 +56,7 @@ def main() -> None:
         pairs = load_task(SENTEVAL, "STSBenchmark", "dev").head(args.pairs)
         source = source_embeddings(load_encoder(resolve_model(MODEL)), pairs, 32)
     names = {"merged": "merged folder (torch fp32)", "onnx": "ONNX fp32",
-             "onnx_int8": "ONNX int8 (up-projections, per-channel)"}
+             "onnx_int8": "ONNX int8 (up-projections, per-channel)", "openvino": "OpenVINO fp32 (from the ONNX graph)"}
     lines = ["# Exports of the MiniLM student: parity and speed", "",
              f"`{MODEL}`; the texts of the first {args.pairs} STS-B dev pairs ({len(source.texts):,} texts), batch 32, "
              f"{os.cpu_count()} CPUs. Cosine: each text's export embedding against the torch model's.", "",

@@ -355,7 +355,7 @@ def load_encoder(path: str | Path, device: str = "cpu", weights: bool = True):
     model_kwargs = {"quantization_config": quant} if quant is not None else {}
     if not weights:
         model_kwargs["device_map"] = "meta"
-    model = SentenceTransformer(str(path), device=device if quant is None else None,
+    model = SentenceTransformer(str(path), device=device if quant is None and weights else None,  # else device_map's
                                 model_kwargs=model_kwargs or None,
                                 trust_remote_code=bool(meta.get("trust_remote_code")))  # as its training run chose
     adapter_file = Path(path) / "adapter_model.safetensors"

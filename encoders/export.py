@@ -1,4 +1,4 @@
-"""Exports of a trained model for other runtimes: a merged full-precision folder, ONNX and ONNX int8.
+"""Exports of a trained model for other runtimes: a merged full-precision folder, ONNX, ONNX int8 and OpenVINO.
 
 ``merged``: the function the model computes, as a plain sentence-transformers folder. A LoRA adapter is folded into
 its base's weights; a 4-bit or 8-bit base is dequantised first, so the merged weights are the ones the model computed
@@ -9,10 +9,12 @@ or fp16.
 ``last_hidden_state``): sentence-transformers' own ONNX layout, its pooling and normalisation modules beside the
 graph, so ``SentenceTransformer(folder, backend="onnx")`` loads it where optimum is installed. ``onnx_int8``: the
 same with ``onnx/model_qint8.onnx``: the feed-forward up-projections' weights quantised to 8 bits per output channel
-by onnxruntime's dynamic quantisation (``expanding_matmuls``).
+by onnxruntime's dynamic quantisation (``expanding_matmuls``). ``openvino`` (where the openvino package is installed):
+the folder plus ``openvino/openvino_model.xml``, the same graph as OpenVINO IR in fp32, sentence-transformers'
+OpenVINO layout (``backend="openvino"`` where optimum-intel is installed).
 
-``OnnxEncoder`` runs such a folder here: sentence-transformers' preprocessing, prompts, sides, pooling and
-normalisation, with the transformer's forward pass in onnxruntime."""
+``load_export`` runs such a folder here: sentence-transformers' preprocessing, prompts, sides, pooling and
+normalisation, with the transformer's forward pass in onnxruntime (or OpenVINO)."""
 
 from __future__ import annotations
 
@@ -26,9 +28,9 @@ import torch
 
 from encoders.model_files import RAOE_META
 
-FORMATS = ("merged", "onnx", "onnx_int8")
 EXPORT_VERSION = 2  # in cached exports' names: 2 quantises the up-projections alone (1 quantised every MatMul)
 ONNX_FILE = {"onnx": "onnx/model.onnx", "onnx_int8": "onnx/model_qint8.onnx"}
+OPENVINO_FILE = "openvino/openvino_model.xml"  # sentence-transformers' OpenVINO layout (its weights in the .bin beside)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -142,6 +144,28 @@ def save_onnx(merged_folder: str | Path, out: str | Path, int8: bool = False, tr
     return out
 
 
+def save_openvino(merged_folder: str | Path, out: str | Path, traced: str | Path | None = None) -> Path:
+    """``openvino``: a copy of the fp32 merged folder with the transformer as OpenVINO IR in openvino/, read from
+    ``traced``'s ONNX graph when given (else traced here): fp32 weights (OpenVINO's own default halves them).
+    Read with ``Core.read_model``, not ``convert_model``, which sends usage telemetry unless opted out."""
+    import openvino as ov
+
+    out = Path(out)
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(merged_folder, out)
+    graph = Path(traced) / ONNX_FILE["onnx"] if traced is not None else out / "onnx-trace" / "model.onnx"
+    if traced is None:
+        graph.parent.mkdir()
+        _export_graph(merged_folder, graph)
+    target = out / OPENVINO_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    ov.save_model(ov.Core().read_model(str(graph)), str(target), compress_to_fp16=False)
+    if traced is None:
+        shutil.rmtree(graph.parent)
+    return out
+
+
 def weight_files(graph: Path) -> list[str]:
     """The files beside ``graph`` holding its weights (none for a graph under 2 GB: they are inside it)."""
     import onnx
@@ -211,14 +235,36 @@ class _OnnxForward(torch.nn.Module):
         return BaseModelOutput(last_hidden_state=torch.from_numpy(hidden))
 
 
+class _OpenVinoForward(torch.nn.Module):
+    """Stands in for a sentence-transformers Transformer's ``auto_model``: its forward pass in OpenVINO, in fp32 (on
+    a CPU with bf16 units OpenVINO would compute in bf16 by default: 0.12 off in the hidden states of MiniLM here)."""
+
+    def __init__(self, graph: Path, config):
+        import openvino as ov
+
+        super().__init__()
+        self.compiled = ov.Core().compile_model(str(graph), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        self.inputs = [i.get_any_name() for i in self.compiled.inputs]
+        self.config = config
+
+    def forward(self, **features):
+        from transformers.modeling_outputs import BaseModelOutput
+
+        hidden = self.compiled({k: features[k].cpu().numpy() for k in self.inputs})[0]
+        return BaseModelOutput(last_hidden_state=torch.from_numpy(hidden))
+
+
 def load_onnx(folder: str | Path, fmt: str = "onnx"):
-    """An ONNX export as a sentence-transformers model whose transformer runs in onnxruntime (``encode``,
-    ``encode_query``, raoe's ``inference_embeddings`` all work on it)."""
+    """An ONNX or OpenVINO export as a sentence-transformers model whose transformer runs in onnxruntime or OpenVINO
+    (``encode``, ``encode_query``, raoe's ``inference_embeddings`` all work on it)."""
     from encoders.backbone import load_encoder
 
     model = load_encoder(str(folder), weights=False)
     module = model[0]
-    _set_transformer(module, _OnnxForward(Path(folder) / ONNX_FILE[fmt], module.auto_model.config))
+    if fmt == "openvino":
+        _set_transformer(module, _OpenVinoForward(Path(folder) / OPENVINO_FILE, module.auto_model.config))
+    else:
+        _set_transformer(module, _OnnxForward(Path(folder) / ONNX_FILE[fmt], module.auto_model.config))
     return model
 
 
@@ -246,7 +292,9 @@ def cached_export(model_path: str, fmt: str) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         with building(target) as staging:
             merged = save_merged(model_path, staging / "merged")
-            if fmt != "merged":
+            if fmt == "openvino":
+                save_openvino(merged, staging / fmt)
+            elif fmt != "merged":
                 save_onnx(merged, staging / fmt, int8=fmt == "onnx_int8")
     return target / fmt
 

@@ -1,12 +1,13 @@
 """Export a trained model for other runtimes, each export checked against the model before it is kept.
 
 export.formats: merged (LoRA folded into the dequantised base, a plain sentence-transformers folder in export.dtype),
-onnx (that folder plus onnx/model.onnx, sentence-transformers' ONNX layout) and onnx_int8 (onnx/model_qint8.onnx,
-dynamic int8 quantisation). Each export embeds the texts of the first export.sample_pairs STS-B dev pairs
-(eval.data_dir) beside the source model: the per-text cosine (min and mean) and the STS-B Spearman delta must reach
-export.min_cosine_fp32 (fp32 merged and onnx), export.min_cosine_half (merged in bf16/fp16) or export.min_cosine_int8
-(onnx_int8), and export.max_score_delta; with eval.retrieval naming a dev-sized retrieval task, its nDCG@10 must
-move by at most export.max_retrieval_delta. Exports that pass are written under output_dir/<format> and logged as
+onnx (that folder plus onnx/model.onnx, sentence-transformers' ONNX layout), onnx_int8 (onnx/model_qint8.onnx,
+dynamic int8 quantisation) and openvino (openvino/openvino_model.xml, fp32, where the openvino package is installed).
+Each export embeds the texts of the first export.sample_pairs STS-B dev pairs (eval.data_dir) beside the source
+model: the per-text cosine (min and mean) and the STS-B Spearman delta must reach export.min_cosine_fp32 (fp32
+merged, onnx and openvino), export.min_cosine_half (merged in bf16/fp16) or export.min_cosine_int8 (onnx_int8),
+and export.max_score_delta; with eval.retrieval naming a dev-sized retrieval task, its nDCG@10 must move by at most
+export.max_retrieval_delta. Exports that pass are written under output_dir/<format> and logged as
 artifacts of the source model version's run (exports/<format>), their figures as version tags and in its
 description; an export that fails is refused with its figures (the job then ends in error, the others kept).
 
@@ -19,6 +20,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
+from encoders.export_formats import openvino_missing
 from jobconfig import parse_job_args
 from jobconfig.schema import RELATIVE, OutputPath, RetrievalTaskConfig, Section, TrackingConfig
 from runtime.result import run_job
@@ -30,11 +32,12 @@ class ExportModel(Section):
 
 
 class ExportSection(Section):
-    formats: list[Literal["merged", "onnx", "onnx_int8"]] = Field(
-        default_factory=lambda: ["merged", "onnx", "onnx_int8"], description="what to write")
+    formats: list[Literal["merged", "onnx", "onnx_int8", "openvino"]] = Field(
+        default_factory=lambda: ["merged", "onnx", "onnx_int8"], description="what to write (openvino: where the "
+        "openvino package is installed)")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights of the merged export")
     min_cosine_fp32: float = Field(0.9999, gt=0, le=1, description="least per-text cosine to the source of a float32 "
-                                   "export (merged, onnx)")
+                                   "export (merged, onnx, openvino)")
     min_cosine_half: float = Field(0.999, gt=0, le=1, description="least per-text cosine of a bf16/fp16 merged export")
     min_cosine_int8: float = Field(0.99, gt=0, le=1, description="least per-text cosine of onnx_int8")
     max_score_delta: float = Field(0.5, ge=0, description="largest STS-B dev Spearman change (x100 points), either way")
@@ -48,6 +51,8 @@ class ExportSection(Section):
     def _some(cls, formats: list[str]) -> list[str]:
         if not formats or len(set(formats)) != len(formats):
             raise ValueError(f"export.formats must name distinct formats, got {formats}")
+        if "openvino" in formats and openvino_missing():
+            raise ValueError(f"export.formats: {openvino_missing()}")
         return formats
 
 
@@ -84,7 +89,7 @@ def main(cfg: ExportJobConfig) -> dict:
     from pathlib import Path
 
     from encoders.backbone import load_encoder
-    from encoders.export import load_export, save_merged, save_onnx
+    from encoders.export import load_export, save_merged, save_onnx, save_openvino
     from encoders.model_uris import resolve_alias, resolve_model
     from evaluation.parity import parity, source_embeddings
     from evaluation.sts import load_task
@@ -114,12 +119,14 @@ def main(cfg: ExportJobConfig) -> dict:
     figures, refused = {}, {}
     with tempfile.TemporaryDirectory(prefix="raoe-export-") as scratch:
         scratch = Path(scratch)
-        merged_fp32 = save_merged(model_path, scratch / "merged-fp32") if {"onnx", "onnx_int8"} & set(e.formats) \
-            or e.dtype == "float32" else None
+        graphs = {"onnx", "onnx_int8", "openvino"} & set(e.formats)
+        merged_fp32 = save_merged(model_path, scratch / "merged-fp32") if graphs or e.dtype == "float32" else None
         built = {}
         for fmt in e.formats:
             if fmt == "merged":
                 built[fmt] = merged_fp32 if e.dtype == "float32" else save_merged(model_path, scratch / fmt, e.dtype)
+            elif fmt == "openvino":
+                built[fmt] = save_openvino(merged_fp32, scratch / fmt, traced=built.get("onnx"))
             else:
                 built[fmt] = save_onnx(merged_fp32, scratch / fmt, int8=fmt == "onnx_int8", traced=built.get("onnx"))
             check = parity(reference, load_export(built[fmt], fmt), pairs, e.batch_size, dev)

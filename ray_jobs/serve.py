@@ -13,9 +13,10 @@ interrupted (Ctrl-C).
 import os
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
+from encoders.export_formats import openvino_missing
 from jobconfig import parse_job_args
 from jobconfig.schema import Section
 from runtime.result import run_job
@@ -36,9 +37,9 @@ class Autoscaling(Section):
 class ServeSection(Section):
     host: str = Field("127.0.0.1", description="address the HTTP proxy binds to (0.0.0.0 exposes it)")
     port: int = Field(8000, ge=1, le=65535)
-    format: Literal["torch", "merged", "onnx", "onnx_int8"] = Field(
+    format: Literal["torch", "merged", "onnx", "onnx_int8", "openvino"] = Field(
         "torch", description="what replicas run: the model itself, or an export built once per model into the cache "
-        "(check its parity with ray_jobs/export.py first)")
+        "(check its parity with ray_jobs/export.py first; openvino: where the openvino package is installed)")
     replicas: int = Field(1, ge=1, description="replicas when serve.autoscaling is not set")
     autoscaling: Autoscaling | None = Field(None, description="{min_replicas, max_replicas, target_ongoing_requests}")
     cpus_per_replica: float = Field(1.0, gt=0)
@@ -51,6 +52,13 @@ class ServeSection(Section):
     token_env: str | None = Field(None, description="name of an environment variable holding the bearer token "
                                   "requests must carry (never the token itself in a config file); null: open")
     app_name: str = Field("raoe-embeddings", description="the Serve application's name (serve shutdown, status)")
+
+    @field_validator("format")
+    @classmethod
+    def _runs_here(cls, fmt: str) -> str:
+        if fmt == "openvino" and openvino_missing():
+            raise ValueError(f"serve.format: {openvino_missing()}")
+        return fmt
 
     @model_validator(mode="after")
     def _token_is_set(self):

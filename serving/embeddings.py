@@ -28,7 +28,7 @@ class ServeSettings:
     """What a replica needs (a typed object across the process boundary)."""
 
     source: str  # a model source; an alias is followed (reload)
-    format: str  # torch | merged | onnx | onnx_int8
+    format: str  # torch | merged | onnx | onnx_int8 | openvino
     max_texts: int  # per request
     max_batch_size: int  # requests serve.batch collects into one encoder call
 

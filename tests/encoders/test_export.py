@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from encoders.backbone import build_encoder, export_encoder, inference_embeddings, load_encoder
-from encoders.export import expanding_matmuls, load_export, save_merged, save_onnx
+from encoders.export import expanding_matmuls, load_export, save_merged, save_onnx, save_openvino
 from encoders.sources import resolve_model_source
 from evaluation.parity import cosines
 from evaluation.retrieval import dev_ndcg_at_10, read_dev_set
@@ -59,8 +59,8 @@ def test_a_qlora_model_merges_into_a_plain_folder_that_embeds_as_the_4bit_model(
 
 def test_onnx_graphs_embed_as_the_model_with_its_query_and_document_prompts(tmp_path, monkeypatch):
     """sentence-transformers' ONNX layout (onnx/model.onnx, output last_hidden_state); encode_query and
-    encode_document through onnxruntime equal the torch model's, which is never loaded beside the graph; int8
-    quantises the feed-forward up-projections alone and stays close."""
+    encode_document through onnxruntime, and through OpenVINO from the same graph, equal the torch model's, which is
+    never loaded beside the graph; int8 quantises the feed-forward up-projections alone and stays close."""
     import onnx
 
     model = build_encoder(resolve_model_source("tiny:bert"), max_length=32, query_max_length=8,
@@ -84,9 +84,14 @@ def test_onnx_graphs_embed_as_the_model_with_its_query_and_document_prompts(tmp_
     torch_model, onnx_model = load_encoder(str(source)), load_export(fp32, "onnx")
     # the graph runs in the transformer's place: its torch weights were never read into memory
     assert {p.device.type for p in replaced[0].parameters()} == {"meta"}
+    openvino = save_openvino(merged, tmp_path / "openvino", traced=fp32)  # the ONNX graph as OpenVINO IR, fp32
+    assert {p.name for p in (openvino / "openvino").iterdir()} == {"openvino_model.xml", "openvino_model.bin"}
+    assert not (openvino / "onnx").exists()
     for encode in ("encode_query", "encode_document"):
-        want, got = getattr(torch_model, encode)(TEXTS), getattr(onnx_model, encode)(TEXTS)
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        want = getattr(torch_model, encode)(TEXTS)
+        np.testing.assert_allclose(getattr(onnx_model, encode)(TEXTS), want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(getattr(load_export(openvino, "openvino"), encode)(TEXTS), want, rtol=1e-4,
+                                   atol=1e-5)
     assert cosines(torch_model.encode_query(TEXTS), torch_model.encode_document(TEXTS)).min() < 0.999  # sides differ
     assert cosines(torch_model.encode_query(TEXTS), load_export(int8, "onnx_int8").encode_query(TEXTS)).min() > 0.9
 
@@ -111,24 +116,26 @@ def test_the_export_job_logs_what_passes_on_the_version_and_refuses_what_drifts(
     client.set_registered_model_alias("raoe-export-test", "champion", str(version))
     job = job_module("export")
     cfg = job.ExportJobConfig(model={"source": "models:/raoe-export-test@champion"},
-                              export={"formats": ["merged", "onnx", "onnx_int8"], "sample_pairs": 24,
+                              export={"formats": ["merged", "onnx", "onnx_int8", "openvino"], "sample_pairs": 24,
                                       "min_cosine_int8": 1.0},
                               eval={"data_dir": str(stsb_dev_folder(tmp_path / "senteval"))}, output_dir=s3.uri("exports"))
     import encoders.export
 
     traces, trace = [], encoders.export._export_graph
     monkeypatch.setattr(encoders.export, "_export_graph", lambda *a: traces.append(a) or trace(*a))
-    with pytest.raises(job.ExportRefused, match=r"onnx_int8: min cosine [01]\.\d+ \(needs 1\.0\).*Kept: merged, onnx"):
+    with pytest.raises(job.ExportRefused,
+                       match=r"onnx_int8: min cosine [01]\.\d+ \(needs 1\.0\).*Kept: merged, onnx, openvino"):
         job.main(cfg)
-    assert len(traces) == 1  # onnx_int8 quantised the onnx export's graph: the model traced once
+    assert len(traces) == 1  # onnx_int8 and openvino took the onnx export's graph: the model traced once
     from storage.paths import storage_path
 
     assert storage_path(s3.uri("exports/onnx/onnx/model.onnx")).exists()
     assert not storage_path(s3.uri("exports/onnx_int8")).exists()
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "exports")}
-    assert artifacts == {"exports/merged", "exports/onnx"}
+    assert artifacts == {"exports/merged", "exports/onnx", "exports/openvino"}
     held = client.get_model_version("raoe-export-test", str(version))
     assert float(held.tags["export.onnx.min_cosine"]) > 0.9999 and "export.onnx_int8.min_cosine" not in held.tags
+    assert float(held.tags["export.openvino.min_cosine"]) > 0.9999  # fp32: the fp32 threshold
     assert "## Exports" in held.description and "| onnx |" in held.description
 
     # eval.retrieval: a BEIR folder whose nDCG@10 each export keeps (the merged fp32 weights are the source's own; a
@@ -138,7 +145,7 @@ def test_the_export_job_logs_what_passes_on_the_version_and_refuses_what_drifts(
     task = job.RetrievalTaskConfig(source=str(beir))
     passing = job.main(cfg.model_copy(update={"export": cfg.export.model_copy(update=loose),
                                               "eval": cfg.eval.model_copy(update={"retrieval": task})}))
-    assert set(passing["exports"]) == {"merged", "onnx", "onnx_int8"}
+    assert set(passing["exports"]) == {"merged", "onnx", "onnx_int8", "openvino"}
     assert sorted(p.name for p in storage_path(passing["exports"]["onnx_int8"]["path"]).joinpath("onnx").iterdir()) \
         == ["model_qint8.onnx"]  # the int8 graph alone, not the fp32 graph it was quantised from
     for figures in passing["exports"].values():
@@ -195,3 +202,22 @@ def test_an_int8_export_of_a_graph_past_2_gb_keeps_its_weights_in_one_file_besid
     assert not export.weight_files(whole / "onnx" / "model_qint8.onnx")
     np.testing.assert_allclose(load_export(split, "onnx_int8").encode(TEXTS), load_export(whole, "onnx_int8").encode(TEXTS),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_the_openvino_format_is_refused_by_name_where_the_package_is_not_installed(monkeypatch):
+    """openvino is not a dependency of raoe: asking for it where it is not installed fails the config, before any
+    work, with the key and the install line (the export job's formats and the serving job's format)."""
+    import importlib.util
+
+    from pydantic import ValidationError
+
+    find_spec = importlib.util.find_spec
+    for job, config, section, key in (("export", "ExportJobConfig", {"export": {"formats": ["onnx", "openvino"]}},
+                                       "export.formats"),
+                                      ("serve", "ServeJobConfig", {"serve": {"format": "openvino"}}, "serve.format")):
+        config = getattr(job_module(job), config)
+        config(**section)  # installed here
+        with monkeypatch.context() as absent:
+            absent.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else find_spec(name, *a))
+            with pytest.raises(ValidationError, match=rf"{key}: the openvino format needs .*pip install openvino=="):
+                config(**section)

@@ -127,7 +127,7 @@ def test_a_live_endpoint_embeds_as_the_model_refuses_bad_input_and_follows_its_a
                                load_encoder(folder2).encode_query(TEXTS), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("fmt", ["torch", "onnx_int8"])
+@pytest.mark.parametrize("fmt", ["torch", "onnx_int8", "openvino"])
 def test_request_checks_never_unpad_the_batch_being_encoded(tmp_path, monkeypatch, fmt):
     """A replica counts a request's tokens on its event loop while the executor thread encodes the last batch. A fast
     tokenizer keeps its padding and truncation as state of the one (Rust) object, so sharing it between the two
