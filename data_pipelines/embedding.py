@@ -62,6 +62,7 @@ class EmbedSettings:
     batch_size: int
     gpus_per_actor: float
     on_bad_record: str  # fail | quarantine
+    runtime: str = "torch"  # or an export's format (encoders/export.py), built once per node into the cache
 
 
 def plan_shards(source: str, fmt: str = "auto", split: str | None = None) -> tuple[list[PlannedShard], str]:
@@ -159,7 +160,8 @@ def check_spec(folder: str, spec: dict) -> None:
     target = storage_path(join(folder, SPEC))
     if target.exists():
         held = json.loads(target.read_text())
-        differ = {k: (held.get(k), v) for k, v in spec.items() if held.get(k) != v}
+        differ = {k: (held.get(k), spec.get(k)) for k in [*spec, *(k for k in held if k not in spec)]
+                  if held.get(k) != spec.get(k)}  # a setting recorded on one side only differs too
         if differ:
             listed = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in differ.items())
             raise ValueError(f"output_dir {folder} holds embeddings made otherwise ({listed}): give another output_dir, "
@@ -175,7 +177,7 @@ class ShardEmbedder:
         from evaluation.encode import SentenceEncoderActor
 
         self.encoder = SentenceEncoderActor(settings.model_path, settings.batch_size, settings.gpus_per_actor,
-                                            normalise=settings.normalize, side=settings.side)
+                                            normalise=settings.normalize, side=settings.side, runtime=settings.runtime)
         self.width = int(self.encoder.model.get_embedding_dimension())  # an empty shard's vectors have it too
         self.settings, self.folder = settings, folder
 

@@ -13,3 +13,10 @@ def openvino_missing() -> str | None:
     if importlib.util.find_spec("openvino") is None:
         return f"the openvino format needs the openvino package: pip install {OPENVINO_PACKAGE}"
     return None
+
+
+def runs_here(fmt: str, key: str) -> str:
+    """``fmt`` when this machine can write and run it; else a ValueError naming the config ``key``."""
+    if fmt == "openvino" and openvino_missing():
+        raise ValueError(f"{key}: {openvino_missing()}")
+    return fmt

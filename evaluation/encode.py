@@ -15,14 +15,20 @@ ONE_ACTOR = EncoderPool()
 class SentenceEncoderActor:
     """A Ray Data ``map_batches`` callable class holding one model, loaded as training exported it (so a
     prompt template the sentence-transformers config cannot carry still applies), encoding texts on ``side``
-    ('query', 'document' or None: their prompt and max length)."""
+    ('query', 'document' or None: their prompt and max length), with the model itself or one of its exports
+    (``runtime``)."""
 
     def __init__(self, model_path: str, batch_size: int = 64, gpus: float = 0.0, *, keep_text: bool = False,
-                 normalise: bool = False, side: str | None = None):
+                 normalise: bool = False, side: str | None = None, runtime: str = "torch"):
         import torch
 
         torch.set_num_threads(max(1, torch.get_num_threads()))
-        self.model = load_encoder(model_path, device=actor_device(gpus))
+        if runtime == "torch":
+            self.model = load_encoder(model_path, device=actor_device(gpus))
+        else:  # an export of the model (onnxruntime, OpenVINO: CPU), built once per node into the cache
+            from encoders.export import cached_export, load_export
+
+            self.model = load_export(cached_export(model_path, runtime), runtime)
         self.batch_size, self.keep_text, self.normalise, self.side = batch_size, keep_text, normalise, side
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
-from encoders.export_formats import openvino_missing
+from encoders.export_formats import runs_here
 from jobconfig import parse_job_args
 from jobconfig.schema import RELATIVE, OutputPath, RetrievalTaskConfig, Section, TrackingConfig
 from runtime.result import run_job
@@ -51,9 +51,7 @@ class ExportSection(Section):
     def _some(cls, formats: list[str]) -> list[str]:
         if not formats or len(set(formats)) != len(formats):
             raise ValueError(f"export.formats must name distinct formats, got {formats}")
-        if "openvino" in formats and openvino_missing():
-            raise ValueError(f"export.formats: {openvino_missing()}")
-        return formats
+        return [runs_here(fmt, "export.formats") for fmt in formats]
 
 
 class ExportEval(Section):

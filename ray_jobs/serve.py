@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
-from encoders.export_formats import openvino_missing
+from encoders.export_formats import runs_here
 from jobconfig import parse_job_args
 from jobconfig.schema import Section
 from runtime.result import run_job
@@ -56,9 +56,7 @@ class ServeSection(Section):
     @field_validator("format")
     @classmethod
     def _runs_here(cls, fmt: str) -> str:
-        if fmt == "openvino" and openvino_missing():
-            raise ValueError(f"serve.format: {openvino_missing()}")
-        return fmt
+        return runs_here(fmt, "serve.format")
 
     @model_validator(mode="after")
     def _token_is_set(self):

@@ -89,6 +89,12 @@ def test_a_corpus_embeds_as_encode_document_and_a_rerun_skips_what_is_written(ra
     with pytest.raises(ValueError, match="data: .* there"):
         job.main(cfg.model_copy(update={"data": cfg.data.model_copy(update={"train": str(corpus / "sub")})}))
 
+    # an export as the runtime (embed.runtime; encoded in the next test) never mixes its vectors with these
+    with pytest.raises(ValueError, match="runtime: None there, 'openvino' now"):
+        job.main(cfg.model_copy(update={"embed": cfg.embed.model_copy(update={"runtime": "openvino"})}))
+    with pytest.raises(ValueError, match="embed.runtime=onnx runs on CPU"):
+        job.EmbedJobConfig(**{**cfg.model_dump(), "gpus_per_actor": 1, "embed": {"runtime": "onnx"}})
+
 
 def pq_rows(path: Path) -> int:
     import pyarrow.parquet as pq
@@ -99,7 +105,11 @@ def pq_rows(path: Path) -> int:
 def test_a_beir_corpus_on_object_storage_embeds_by_its_ids_and_sets_bad_rows_aside(ray_local, tmp_path, monkeypatch,
                                                                                      s3):
     """A BEIR folder's corpus.jsonl read from and written to S3: ids are the documents' _id, texts "title text"; a row
-    without _id goes to quarantine/ (on_bad_record: quarantine), or stops the job naming its line (fail)."""
+    without _id goes to quarantine/ (on_bad_record: quarantine), or stops the job naming its line (fail). The actors
+    encode with an export of the model (embed.runtime: OpenVINO, built once into the cache): encode_document's
+    vectors all the same, and a folder of them takes no torch-made vectors."""
+    from encoders.backbone import load_encoder
+    from encoders.sources import resolve_model_source
     from storage.paths import storage_path
 
     private_stores(monkeypatch, tmp_path)
@@ -112,7 +122,8 @@ def test_a_beir_corpus_on_object_storage_embeds_by_its_ids_and_sets_bad_rows_asi
     source = s3.upload(beir, "beir")
     job = job_module("embed")
     cfg = job.EmbedJobConfig(model={"source": "tiny:bert"}, data={"train": source, "on_bad_record": "quarantine"},
-                             output_dir=s3.uri("embedded"), cpus_per_actor=0.5, tracking={"experiment": "raoe-test"})
+                             output_dir=s3.uri("embedded"), cpus_per_actor=0.5, embed={"runtime": "openvino"},
+                             tracking={"experiment": "raoe-test"})
     result = job.main(cfg)
     assert result["rows_total"] == 3 and result["rows_quarantined"] == 1 and result["output_dir"] == s3.uri("embedded")
     local = tmp_path / "copy"
@@ -126,10 +137,16 @@ def test_a_beir_corpus_on_object_storage_embeds_by_its_ids_and_sets_bad_rows_asi
     expected = {"d7": "Harbor boats at night", "d2": "a violin", "d9": "bread"}
     assert {i: h for i, (h, _) in rows.items()} == {i: hashlib.sha1(t.encode()).hexdigest()[:16]
                                                    for i, t in expected.items()}
+    reference = load_encoder(resolve_model_source("tiny:bert")).encode_document(list(expected.values()))
+    for row_id, vector in zip(expected, reference):
+        np.testing.assert_allclose(rows[row_id][1], vector, rtol=1e-4, atol=1e-5)
     quarantined = storage_path(s3.uri(f"embedded/quarantine/{shard}.jsonl")).read_text().splitlines()
     assert len(quarantined) == 1 and json.loads(quarantined[0])["line"] == 3
+    torch_made = cfg.model_copy(update={"embed": cfg.embed.model_copy(update={"runtime": "torch"})})
+    with pytest.raises(ValueError, match="runtime: 'openvino' there, None now"):
+        job.main(torch_made)
 
-    failing = cfg.model_copy(update={"data": cfg.data.model_copy(update={"on_bad_record": "fail"}),
-                                     "output_dir": s3.uri("embedded-fail")})
+    failing = torch_made.model_copy(update={"data": cfg.data.model_copy(update={"on_bad_record": "fail"}),
+                                            "output_dir": s3.uri("embedded-fail")})
     with pytest.raises(Exception, match="at line 3: a corpus row needs _id"):
         job.main(failing)

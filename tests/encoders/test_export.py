@@ -206,7 +206,8 @@ def test_an_int8_export_of_a_graph_past_2_gb_keeps_its_weights_in_one_file_besid
 
 def test_the_openvino_format_is_refused_by_name_where_the_package_is_not_installed(monkeypatch):
     """openvino is not a dependency of raoe: asking for it where it is not installed fails the config, before any
-    work, with the key and the install line (the export job's formats and the serving job's format)."""
+    work, with the key and the install line (the export job's formats, the serving job's format, the embed job's
+    runtime)."""
     import importlib.util
 
     from pydantic import ValidationError
@@ -214,7 +215,9 @@ def test_the_openvino_format_is_refused_by_name_where_the_package_is_not_install
     find_spec = importlib.util.find_spec
     for job, config, section, key in (("export", "ExportJobConfig", {"export": {"formats": ["onnx", "openvino"]}},
                                        "export.formats"),
-                                      ("serve", "ServeJobConfig", {"serve": {"format": "openvino"}}, "serve.format")):
+                                      ("serve", "ServeJobConfig", {"serve": {"format": "openvino"}}, "serve.format"),
+                                      ("embed", "EmbedJobConfig", {"data": {"train": "corpus"},
+                                                                   "embed": {"runtime": "openvino"}}, "embed.runtime")):
         config = getattr(job_module(job), config)
         config(**section)  # installed here
         with monkeypatch.context() as absent:
