@@ -2,14 +2,18 @@
 on the same pairs, model and settings, in the same run.
 
   python benchmarks/mining.py [--pairs 0] [--actors 2]
+  python benchmarks/mining.py --synthetic 100000 --only st,raoe-cold     # results: mining_100000.{json,md}
 
-Pairs: SNLI dev's (premise, entailment hypothesis) pairs (``--pairs`` caps them; 0 = all); corpus: their distinct
-positives (both tools' default); the MiniLM student; top 30 candidates, a candidate kept when its score is at most
-0.95 x the query's lowest positive (``relative_margin: 0.05`` in both tools),
-one negative per pair, exact search (no FAISS). raoe runs in-process on a local Ray with ``--actors`` encoder actors
-of 1 CPU each (its pool is how it uses the cores; sentence-transformers encodes in this process with every core);
-its time counts everything from reading the pairs to writing the rows, with a cold corpus index, then once more with
-the index cached. Results: ``benchmarks/results/mining.{json,md}``.
+Pairs: SNLI dev's (premise, entailment hypothesis) pairs (``--pairs`` caps them; 0 = all), or ``--synthetic N``
+pairs made of them for scale: each a random SNLI dev entailment pair with the same random SNLI test sentence appended
+to both sides (seeded; texts about twice SNLI's length, nearly all distinct). Corpus: their distinct positives (both
+tools' default); the MiniLM student; top 30 candidates, a candidate kept when its score is at most 0.95 x the query's
+lowest positive (``relative_margin: 0.05`` in both tools), one negative per pair. raoe runs in-process on a local Ray
+with ``--actors`` encoder actors of 1 CPU each (its pool is how it uses the cores; sentence-transformers encodes in
+this process with every core); its time counts everything from reading the pairs to writing the rows. Five
+measurements, ``--only`` picks some: st, st-faiss (sentence-transformers exact, and with ``use_faiss``), raoe-cold
+(exact search, a cold corpus index), raoe-warm (the index cached), raoe-faiss (``mining.search.method: faiss``).
+Results: ``benchmarks/results/mining.{json,md}`` (``mining_<pairs>`` for synthetic pairs).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from benchmarks.common import machine, write_results  # noqa: E402
 SNLI = ROOT.parent / "shared" / "data" / "snli"
 MODEL = "pypi:all-minilm-l6-v2"
 TOP_K, MARGIN = 30, 0.95
+RUNS = ("st", "st-faiss", "raoe-cold", "raoe-warm", "raoe-faiss")
 
 
 def snli_pairs(limit: int) -> list[dict]:
@@ -43,6 +48,20 @@ def snli_pairs(limit: int) -> list[dict]:
             seen.add((a.strip(), b.strip()))
             pairs.append({"query": a.strip(), "positive": b.strip()})
     return pairs[:limit] if limit else pairs
+
+
+def synthetic_pairs(n: int, seed: int = 0) -> list[dict]:
+    """``n`` pairs for scale: an SNLI dev entailment pair with one SNLI test sentence appended to both sides."""
+    import random
+
+    base = snli_pairs(0)
+    tails = sorted({line.strip() for line in (SNLI / "s2.test").read_text(encoding="utf-8").splitlines() if line.strip()})
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        pair, tail = rng.choice(base), rng.choice(tails)
+        pairs.append({"query": f"{pair['query']} {tail}", "positive": f"{pair['positive']} {tail}"})
+    return pairs
 
 
 def run_raoe(pairs_file: Path, out: Path, actors: int, search: str = "exact") -> dict:
@@ -82,8 +101,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=0, help="cap on SNLI dev entailment pairs (0: all)")
     parser.add_argument("--actors", type=int, default=2, help="raoe's encoder actors (1 CPU each)")
+    parser.add_argument("--synthetic", type=int, default=0, help="pairs made from SNLI for scale (0: SNLI dev's own)")
+    parser.add_argument("--only", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
     args = parser.parse_args()
-    pairs = snli_pairs(args.pairs)
+    only = set(args.only.split(","))
+    if only - set(RUNS) or "st" not in only and "raoe-cold" not in only:
+        parser.error(f"--only: a subset of {','.join(RUNS)} holding st or raoe-cold (the reference rows)")
+    pairs = synthetic_pairs(args.synthetic) if args.synthetic else snli_pairs(args.pairs)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'mlflow.db'}"
@@ -91,59 +115,63 @@ def main() -> None:
         os.environ["RAOE_CACHE"] = str(tmp / "cache")  # a cold corpus index
         pairs_file = tmp / "pairs.jsonl"
         pairs_file.write_text("".join(json.dumps(p) + "\n" for p in pairs))
-        st = run_sentence_transformers(pairs)
-        st_faiss = run_sentence_transformers(pairs, use_faiss=True)
-        cold = run_raoe(pairs_file, tmp / "mined-cold", args.actors)
-        warm = run_raoe(pairs_file, tmp / "mined-warm", args.actors)
-        approximate = run_raoe(pairs_file, tmp / "mined-faiss", args.actors, search="faiss")
-    common = set(st["negatives"]) & set(cold["negatives"])
-    same = sum(st["negatives"][k] == cold["negatives"][k] for k in common)
+        measure = {"st": lambda: run_sentence_transformers(pairs),
+                   "st-faiss": lambda: run_sentence_transformers(pairs, use_faiss=True),
+                   "raoe-cold": lambda: run_raoe(pairs_file, tmp / "mined-cold", args.actors),
+                   "raoe-warm": lambda: run_raoe(pairs_file, tmp / "mined-warm", args.actors),
+                   "raoe-faiss": lambda: run_raoe(pairs_file, tmp / "mined-faiss", args.actors, search="faiss")}
+        ran = {name: measure[name]() for name in RUNS if name in only}  # raoe-warm and -faiss reuse cold's index
     n = len(pairs)
-    table = {
-        "sentence-transformers mine_hard_negatives": {"seconds": st["seconds"], "pairs_per_s": n / st["seconds"],
-                                                      "rows_written": st["rows_written"]},
-        "raoe mine_negatives (cold index)": {"seconds": cold["wall_s"], "pairs_per_s": n / cold["wall_s"],
-                                             "rows_written": cold["rows_written"]},
-        "raoe mine_negatives (cached index)": {"seconds": warm["wall_s"], "pairs_per_s": n / warm["wall_s"],
-                                               "rows_written": warm["rows_written"]},
-        "sentence-transformers mine_hard_negatives, use_faiss": {
-            "seconds": st_faiss["seconds"], "pairs_per_s": n / st_faiss["seconds"],
-            "rows_written": st_faiss["rows_written"]},
-        "raoe mine_negatives, mining.search faiss (cached index)": {
-            "seconds": approximate["wall_s"], "pairs_per_s": n / approximate["wall_s"],
-            "rows_written": approximate["rows_written"], "search_recall": approximate.get("search_recall")},
-    }
-    payload = {"machine": machine(), "pairs": n, "corpus_rows": cold["corpus_rows"], "top_k": TOP_K,
-               "margin": MARGIN, "raoe_actors": args.actors, "results": table,
-               "same_negative_share": same / max(1, len(common)), "pairs_both_mined": len(common),
-               "raoe_rows_without_negative": cold["rows_without_negative"],
-               "raoe_candidates_dropped_by_margin": cold["candidates_dropped_by_margin"]}
+    names = {"st": "sentence-transformers mine_hard_negatives", "raoe-cold": "raoe mine_negatives (cold index)",
+             "raoe-warm": "raoe mine_negatives (cached index)",
+             "st-faiss": "sentence-transformers mine_hard_negatives, use_faiss",
+             "raoe-faiss": "raoe mine_negatives, mining.search faiss (cached index)"}
+    table = {}
+    for key in ("st", "raoe-cold", "raoe-warm", "st-faiss", "raoe-faiss"):
+        if key in ran:
+            seconds = ran[key]["wall_s"] if key.startswith("raoe") else ran[key]["seconds"]
+            table[names[key]] = {"seconds": seconds, "pairs_per_s": n / seconds, "rows_written": ran[key]["rows_written"],
+                                 **({"search_recall": ran[key].get("search_recall")} if key == "raoe-faiss" else {})}
+    rate = {key: table[names[key]]["pairs_per_s"] for key in ran}
+    cold = ran.get("raoe-cold")
+    corpus = f"their {cold['corpus_rows']:,} distinct positives" if cold else "their distinct positives"
+    source = (f"{n:,} synthetic pairs (an SNLI dev entailment pair with one SNLI test sentence appended to both sides)"
+              if args.synthetic else f"SNLI dev entailment pairs: {n:,} (premise -> hypothesis)")
+    payload = {"machine": machine(), "pairs": n, "synthetic": bool(args.synthetic),
+               "corpus_rows": cold["corpus_rows"] if cold else None, "top_k": TOP_K, "margin": MARGIN,
+               "raoe_actors": args.actors, "results": table}
     lines = ["# Hard-negative mining throughput", "",
-             f"SNLI dev entailment pairs: {n:,} (premise -> hypothesis); corpus: their {cold['corpus_rows']:,} distinct "
-             f"positives; `{MODEL}`; range_max {TOP_K}, relative_margin {1 - MARGIN:.2f} against each query's lowest "
-             f"positive, one negative, exact search; "
+             f"{source}; corpus: {corpus}; `{MODEL}`; range_max {TOP_K}, relative_margin {1 - MARGIN:.2f} against "
+             f"each query's lowest positive, one negative, exact search; "
              f"{os.cpu_count()} CPUs; raoe with {args.actors} encoder actor(s) x 1 CPU on a local Ray, timed from "
              "reading the pairs to writing the rows.", "",
              "| tool | seconds | pairs/s | rows written (sentence-transformers: triplets; raoe: query groups) |",
              "|---|---|---|---|"]
     for name, row in table.items():
         lines.append(f"| {name} | {row['seconds']:.1f} | {row['pairs_per_s']:.1f} | {row['rows_written']:,} |")
-    st_rate = table["sentence-transformers mine_hard_negatives"]["pairs_per_s"]
-    cold_rate = table["raoe mine_negatives (cold index)"]["pairs_per_s"]
-    warm_rate = table["raoe mine_negatives (cached index)"]["pairs_per_s"]
-    faiss_rate = table["raoe mine_negatives, mining.search faiss (cached index)"]["pairs_per_s"]
-    st_faiss_rate = table["sentence-transformers mine_hard_negatives, use_faiss"]["pairs_per_s"]
-    lines += ["", f"- raoe / sentence-transformers, pairs/s: {cold_rate / st_rate:.2f}x cold, {warm_rate / st_rate:.2f}x "
-              "with the corpus index cached.",
-              f"- With FAISS on both sides (sentence-transformers' `use_faiss`: a flat FAISS index, exact; raoe's "
-              f"`mining.search.method: faiss`: inverted lists, recall@{TOP_K} "
-              f"{approximate.get('search_recall', float('nan')):.4f} against exact search): raoe "
-              f"{faiss_rate / st_faiss_rate:.2f}x sentence-transformers' pairs/s.",
-              f"- Both mined a negative for {len(common):,} pairs; the same negative for "
-              f"{100 * same / max(1, len(common)):.1f}% of them (they differ where scores tie closely).",
-              f"- raoe: {cold['rows_without_negative']:,} queries without a negative under the margin, "
-              f"{cold['candidates_dropped_by_margin']:,} candidates dropped by it."]
-    print(write_results("mining", payload, "\n".join(lines) + "\n").read_text())
+    lines.append("")
+    if "st" in rate and "raoe-cold" in rate:
+        lines.append(f"- raoe / sentence-transformers, pairs/s: {rate['raoe-cold'] / rate['st']:.2f}x cold"
+                     + (f", {rate['raoe-warm'] / rate['st']:.2f}x with the corpus index cached." if "raoe-warm" in rate
+                        else "."))
+    if "st-faiss" in rate and "raoe-faiss" in rate:
+        lines.append(f"- With FAISS on both sides (sentence-transformers' `use_faiss`: a flat FAISS index, exact; "
+                     f"raoe's `mining.search.method: faiss`: inverted lists, recall@{TOP_K} "
+                     f"{ran['raoe-faiss'].get('search_recall', float('nan')):.4f} against exact search): raoe "
+                     f"{rate['raoe-faiss'] / rate['st-faiss']:.2f}x sentence-transformers' pairs/s.")
+    if "st" in ran and cold:
+        common = set(ran["st"]["negatives"]) & set(cold["negatives"])
+        same = sum(ran["st"]["negatives"][k] == cold["negatives"][k] for k in common)
+        payload.update(same_negative_share=same / max(1, len(common)), pairs_both_mined=len(common))
+        lines.append(f"- Both mined a negative for {len(common):,} pairs; the same negative for "
+                     f"{100 * same / max(1, len(common)):.1f}% of them (they differ where scores tie closely).")
+    if cold:
+        payload.update(raoe_rows_without_negative=cold["rows_without_negative"],
+                       raoe_candidates_dropped_by_margin=cold["candidates_dropped_by_margin"])
+        lines.append(f"- raoe: {cold['rows_without_negative']:,} queries without a negative under the margin, "
+                     f"{cold['candidates_dropped_by_margin']:,} candidates dropped by it.")
+    name = f"mining_{n}" if args.synthetic else "mining"
+    print(write_results(name, payload, "\n".join(lines) + "\n").read_text())
 
 
 if __name__ == "__main__":
