@@ -107,6 +107,8 @@ def main() -> None:
     only = set(args.only.split(","))
     if only - set(RUNS) or "st" not in only and "raoe-cold" not in only:
         parser.error(f"--only: a subset of {','.join(RUNS)} holding st or raoe-cold (the reference rows)")
+    if {"raoe-warm", "raoe-faiss"} & only and "raoe-cold" not in only:
+        parser.error("--only: raoe-warm and raoe-faiss search the index raoe-cold builds: name raoe-cold too")
     pairs = synthetic_pairs(args.synthetic) if args.synthetic else snli_pairs(args.pairs)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

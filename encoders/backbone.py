@@ -354,6 +354,8 @@ def load_encoder(path: str | Path, device: str = "cpu", weights: bool = True):
     quant = quantization_config(meta.get("quantization", "none"))
     model_kwargs = {"quantization_config": quant} if quant is not None else {}
     if not weights:
+        if quant is not None:  # its adapter would be loaded into tensors that hold nothing
+            raise ValueError(f"{path}: a {meta['quantization']} model is loaded with its weights (an export is merged)")
         model_kwargs["device_map"] = "meta"
     model = SentenceTransformer(str(path), device=device if quant is None and weights else None,  # else device_map's
                                 model_kwargs=model_kwargs or None,

@@ -28,7 +28,11 @@ def building(target: Path):
     staging = target.parent / f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    yield staging
+    try:
+        yield staging
+    except BaseException:  # a failed build leaves nothing behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     (staging / ".complete").touch()
     try:
         os.rename(staging, target)

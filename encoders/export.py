@@ -18,14 +18,17 @@ normalisation, with the transformer's forward pass in onnxruntime (or OpenVINO).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from encoders.export_formats import OPENVINO_PACKAGE
 from encoders.model_files import RAOE_META
 
 EXPORT_VERSION = 2  # in cached exports' names: 2 quantises the up-projections alone (1 quantised every MatMul)
@@ -120,13 +123,15 @@ def save_onnx(merged_folder: str | Path, out: str | Path, int8: bool = False, tr
     """``onnx`` (or ``onnx_int8``): a copy of the fp32 merged folder with the transformer's graph in onnx/. The int8
     copy quantises ``traced`` (an ``onnx`` export of the same folder) when given, instead of tracing the model again:
     a 7B trace takes minutes and the model's weights in memory."""
+    if traced is not None and not int8:
+        raise ValueError("save_onnx: traced is the graph an int8 copy quantises; the fp32 onnx export is traced itself")
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(merged_folder, out)
     graph = out / ONNX_FILE["onnx"]
     graph.parent.mkdir(parents=True, exist_ok=True)
-    if traced is not None and int8:
+    if traced is not None:
         graph = Path(traced) / ONNX_FILE["onnx"]
     else:
         _export_graph(merged_folder, graph)
@@ -148,7 +153,7 @@ def save_openvino(merged_folder: str | Path, out: str | Path, traced: str | Path
     """``openvino``: a copy of the fp32 merged folder with the transformer as OpenVINO IR in openvino/, read from
     ``traced``'s ONNX graph when given (else traced here): fp32 weights (OpenVINO's own default halves them).
     Read with ``Core.read_model``, not ``convert_model``, which sends usage telemetry unless opted out."""
-    import openvino as ov
+    ov = _openvino()
 
     out = Path(out)
     if out.exists():
@@ -164,6 +169,18 @@ def save_openvino(merged_folder: str | Path, out: str | Path, traced: str | Path
     if traced is None:
         shutil.rmtree(graph.parent)
     return out
+
+
+def _openvino():
+    """The openvino package, or an error saying where it is missing: a config checked on the driver may run on a
+    node that lacks it."""
+    try:
+        import openvino
+    except ImportError as exc:
+        raise ModuleNotFoundError(f"the openvino format runs on this node ({os.uname().nodename}) but the openvino "
+                                  f"package is not installed here: pip install {OPENVINO_PACKAGE} on every node") \
+            from exc
+    return openvino
 
 
 def weight_files(graph: Path) -> list[str]:
@@ -239,11 +256,10 @@ class _OpenVinoForward(torch.nn.Module):
     """Stands in for a sentence-transformers Transformer's ``auto_model``: its forward pass in OpenVINO, in fp32 (on
     a CPU with bf16 units OpenVINO would compute in bf16 by default: 0.12 off in the hidden states of MiniLM here)."""
 
-    def __init__(self, graph: Path, config):
-        import openvino as ov
-
+    def __init__(self, graph: Path, config, threads: int):
         super().__init__()
-        self.compiled = ov.Core().compile_model(str(graph), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        self.compiled = _openvino().Core().compile_model(str(graph), "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                                            "INFERENCE_NUM_THREADS": threads})
         self.inputs = [i.get_any_name() for i in self.compiled.inputs]
         self.config = config
 
@@ -259,13 +275,22 @@ def load_onnx(folder: str | Path, fmt: str = "onnx"):
     (``encode``, ``encode_query``, raoe's ``inference_embeddings`` all work on it)."""
     from encoders.backbone import load_encoder
 
-    model = load_encoder(str(folder), weights=False)
+    model = load_encoder(str(folder), weights=_weights_beside_the_transformer(folder))
     module = model[0]
+    threads = torch.get_num_threads()  # the actor's or replica's CPUs (Ray sets them), not every core of the node
     if fmt == "openvino":
-        _set_transformer(module, _OpenVinoForward(Path(folder) / OPENVINO_FILE, module.auto_model.config))
+        _set_transformer(module, _OpenVinoForward(Path(folder) / OPENVINO_FILE, module.auto_model.config, threads))
     else:
-        _set_transformer(module, _OnnxForward(Path(folder) / ONNX_FILE[fmt], module.auto_model.config))
+        _set_transformer(module, _OnnxForward(Path(folder) / ONNX_FILE[fmt], module.auto_model.config, threads))
     return model
+
+
+def _weights_beside_the_transformer(folder: str | Path) -> bool:
+    """Whether a module after the transformer holds weights (a Dense head): the folder is then loaded whole, since
+    sentence-transformers puts every module on the device the transformer's weights are on (meta, when they are
+    left on disk), and a Dense head there would lose its weights."""
+    modules = json.loads((Path(folder) / "modules.json").read_text())
+    return any(m["type"].rsplit(".", 1)[-1] not in ("Pooling", "Normalize") for m in modules[1:])
 
 
 def _set_transformer(module, inner: torch.nn.Module) -> None:
@@ -274,11 +299,11 @@ def _set_transformer(module, inner: torch.nn.Module) -> None:
     module.model = inner
 
 
-def load_export(folder: str | Path, fmt: str):
-    """A model of any export format, ready to encode."""
+def load_export(folder: str | Path, fmt: str, device: str = "cpu"):
+    """A model of any export format, ready to encode: ``merged`` on ``device``, the graphs on the CPU."""
     from encoders.backbone import load_encoder
 
-    return load_encoder(str(folder)) if fmt == "merged" else load_onnx(folder, fmt)
+    return load_encoder(str(folder), device=device) if fmt == "merged" else load_onnx(folder, fmt)
 
 
 def cached_export(model_path: str, fmt: str) -> Path:
@@ -290,13 +315,29 @@ def cached_export(model_path: str, fmt: str) -> Path:
     target = cache_root() / "exports" / f"{tree_digest(model_path)[:20]}-{fmt}-v{EXPORT_VERSION}"
     if not (target / ".complete").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        with building(target) as staging:
-            merged = save_merged(model_path, staging / "merged")
-            if fmt == "openvino":
-                save_openvino(merged, staging / fmt)
-            elif fmt != "merged":
-                save_onnx(merged, staging / fmt, int8=fmt == "onnx_int8")
+        with _one_builder(target):  # a node's other actors and replicas wait for this build, then load it
+            if not (target / ".complete").exists():
+                with building(target) as staging:
+                    merged = save_merged(model_path, staging / "merged")
+                    if fmt == "openvino":
+                        save_openvino(merged, staging / fmt)
+                    elif fmt != "merged":
+                        save_onnx(merged, staging / fmt, int8=fmt == "onnx_int8")
     return target / fmt
+
+
+@contextlib.contextmanager
+def _one_builder(target: Path):
+    """An exclusive lock on ``target``'s lock file while it is built: eight actors starting on a node would otherwise
+    each load and trace the model at once (at 7B, eight times its weights in memory) for one folder."""
+    import fcntl
+
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _source_meta(model_path: str) -> dict:

@@ -25,10 +25,10 @@ class SentenceEncoderActor:
         torch.set_num_threads(max(1, torch.get_num_threads()))
         if runtime == "torch":
             self.model = load_encoder(model_path, device=actor_device(gpus))
-        else:  # an export of the model (onnxruntime, OpenVINO: CPU), built once per node into the cache
+        else:  # an export of the model (merged on the actor's device; onnxruntime, OpenVINO on CPU), built once per node
             from encoders.export import cached_export, load_export
 
-            self.model = load_export(cached_export(model_path, runtime), runtime)
+            self.model = load_export(cached_export(model_path, runtime), runtime, device=actor_device(gpus))
         self.batch_size, self.keep_text, self.normalise, self.side = batch_size, keep_text, normalise, side
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -45,8 +45,9 @@ class EmbedSection(Section):
     batch_size: int = Field(64, ge=1, description="texts per encoder call (length-sorted within a shard)")
     runtime: Literal["torch", "merged", "onnx", "onnx_int8", "openvino"] = Field(
         "torch", description="what the actors encode with: the model itself, or an export built once per model into "
-        "each node's cache, on CPU (check its parity with ray_jobs/export.py first; openvino: where the openvino "
-        "package is installed; MiniLM here: openvino 1.26x torch's texts/s at cosine 1.000000)")
+        "each node's cache (merged on the actors' devices; onnx, onnx_int8, openvino on CPU; check its parity with "
+        "ray_jobs/export.py first; openvino: where the openvino package is installed on every node; MiniLM here: "
+        "openvino 1.26x torch's texts/s at cosine 1.000000)")
 
     @field_validator("runtime")
     @classmethod

@@ -119,14 +119,17 @@ def main(cfg: ExportJobConfig) -> dict:
         scratch = Path(scratch)
         graphs = {"onnx", "onnx_int8", "openvino"} & set(e.formats)
         merged_fp32 = save_merged(model_path, scratch / "merged-fp32") if graphs or e.dtype == "float32" else None
+        traced = save_onnx(merged_fp32, scratch / "onnx") if graphs else None  # the model traced once, whatever order
         built = {}
         for fmt in e.formats:
             if fmt == "merged":
                 built[fmt] = merged_fp32 if e.dtype == "float32" else save_merged(model_path, scratch / fmt, e.dtype)
+            elif fmt == "onnx":
+                built[fmt] = traced
             elif fmt == "openvino":
-                built[fmt] = save_openvino(merged_fp32, scratch / fmt, traced=built.get("onnx"))
+                built[fmt] = save_openvino(merged_fp32, scratch / fmt, traced=traced)
             else:
-                built[fmt] = save_onnx(merged_fp32, scratch / fmt, int8=fmt == "onnx_int8", traced=built.get("onnx"))
+                built[fmt] = save_onnx(merged_fp32, scratch / fmt, int8=True, traced=traced)
             check = parity(reference, load_export(built[fmt], fmt), pairs, e.batch_size, dev)
             figures[fmt] = {key: value for key, value in check.as_dict().items() if value is not None}
             figures[fmt]["min_cosine_required"] = _least_cosine(fmt, e)

@@ -91,20 +91,22 @@ def content_digests(paths) -> list[str]:
     table = _read_table()
     with ThreadPoolExecutor(min(HASH_THREADS, len(paths)), thread_name_prefix="raoe-digest") as pool:
         keys, sizes = zip(*pool.map(_table_key, paths))
-        unknown = [(i, key) for i, key in enumerate(keys) if key is None or key not in table]
-        _announce(len(unknown), sum(sizes[i] for i, _ in unknown))
-        hashed = dict(zip((i for i, _ in unknown), pool.map(_sha1, [paths[i] for i, _ in unknown])))
-    new = {key: hashed[i] for i, key in unknown if key is not None}
+        # each file not in the table, once however often it is named (an object without an ETag: by its place)
+        todo = {key if key is not None else i: i for i, key in enumerate(keys) if key is None or key not in table}
+        _announce(len(todo), sum(sizes[i] for i in todo.values()), any(k is None for k in keys))
+        hashed = dict(zip(todo, pool.map(_sha1, [paths[i] for i in todo.values()])))
+    new = {key: digest for key, digest in hashed.items() if isinstance(key, str)}
     if new:
         _remember(new)
-    return [hashed[i] if i in hashed else table[key] for i, key in enumerate(keys)]
+    return [hashed[key] if key in hashed else hashed[i] if key is None else table[key] for i, key in enumerate(keys)]
 
 
-def _announce(files: int, size: int) -> None:
-    """A line before hashing what will take a while (the first check of a large corpus): it is done once."""
+def _announce(files: int, size: int, untagged: bool) -> None:
+    """A line before hashing what will take a while (the first check of a large corpus)."""
     if size >= ANNOUNCE_BYTES:
-        print(f"[raoe] hashing {files} file(s) ({size / 1e9:.1f} GB), {HASH_THREADS} at a time: once, then "
-              f"remembered in {_table_path()}", flush=True)
+        kept = ("objects without an ETag are hashed at every check" if untagged else
+                f"once, then remembered in {_table_path()}")
+        print(f"[raoe] hashing {files} file(s) ({size / 1e9:.1f} GB), {HASH_THREADS} at a time: {kept}", flush=True)
 
 
 def _table_key(path) -> tuple[str | None, int]:

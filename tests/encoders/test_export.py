@@ -116,7 +116,7 @@ def test_the_export_job_logs_what_passes_on_the_version_and_refuses_what_drifts(
     client.set_registered_model_alias("raoe-export-test", "champion", str(version))
     job = job_module("export")
     cfg = job.ExportJobConfig(model={"source": "models:/raoe-export-test@champion"},
-                              export={"formats": ["merged", "onnx", "onnx_int8", "openvino"], "sample_pairs": 24,
+                              export={"formats": ["merged", "onnx_int8", "onnx", "openvino"], "sample_pairs": 24,
                                       "min_cosine_int8": 1.0},
                               eval={"data_dir": str(stsb_dev_folder(tmp_path / "senteval"))}, output_dir=s3.uri("exports"))
     import encoders.export
@@ -126,7 +126,7 @@ def test_the_export_job_logs_what_passes_on_the_version_and_refuses_what_drifts(
     with pytest.raises(job.ExportRefused,
                        match=r"onnx_int8: min cosine [01]\.\d+ \(needs 1\.0\).*Kept: merged, onnx, openvino"):
         job.main(cfg)
-    assert len(traces) == 1  # onnx_int8 and openvino took the onnx export's graph: the model traced once
+    assert len(traces) == 1  # onnx_int8 (asked first) and openvino took the onnx graph: the model traced once
     from storage.paths import storage_path
 
     assert storage_path(s3.uri("exports/onnx/onnx/model.onnx")).exists()
@@ -224,3 +224,47 @@ def test_the_openvino_format_is_refused_by_name_where_the_package_is_not_install
             absent.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else find_spec(name, *a))
             with pytest.raises(ValidationError, match=rf"{key}: the openvino format needs .*pip install openvino=="):
                 config(**section)
+
+
+def test_a_dense_head_keeps_its_weights_when_the_graph_runs_the_transformer(tmp_path):
+    """A model with a Dense module after pooling (as some hub models have): its ONNX export loads the folder whole,
+    since sentence-transformers would put the head on the transformer's meta device and lose its weights; the
+    graph's embeddings equal the torch model's."""
+    from sentence_transformers.models import Dense
+
+    torch.manual_seed(0)
+    model = build_encoder(resolve_model_source("tiny:bert"), max_length=32)
+    width = model.get_embedding_dimension()
+    model.append(Dense(width, 8, activation_function=torch.nn.Tanh()))
+    source = export_encoder(model, tmp_path / "source")
+    onnx_folder = save_onnx(save_merged(str(source), tmp_path / "merged"), tmp_path / "onnx")
+    want = load_encoder(str(source)).encode(TEXTS)
+    assert want.shape[1] == 8
+    np.testing.assert_allclose(load_export(onnx_folder, "onnx").encode(TEXTS), want, rtol=1e-4, atol=1e-5)
+
+
+def test_nodes_actors_asking_for_one_export_at_once_build_it_once(tmp_path, monkeypatch):
+    """Actors starting together on a node (an embed pool, serving replicas) ask for the same export: one builds it
+    (one merge, one trace) while the others wait, then all load the same folder; a build that fails leaves no
+    staging folder behind."""
+    import threading
+
+    import encoders.export as export
+    from encoders.cache import building
+
+    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
+    source = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "source")
+    traces, trace = [], export._export_graph
+    monkeypatch.setattr(export, "_export_graph", lambda *a: traces.append(a) or trace(*a))
+    folders = []
+    threads = [threading.Thread(target=lambda: folders.append(export.cached_export(str(source), "onnx")))
+               for _ in range(3)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert len(traces) == 1 and len(folders) == 3 and len(set(folders)) == 1
+    assert (folders[0] / "onnx" / "model.onnx").exists()
+    with pytest.raises(RuntimeError, match="trace failed"):
+        with building(tmp_path / "cache" / "broken") as staging:
+            (staging / "half.bin").write_bytes(b"0")
+            raise RuntimeError("trace failed")
+    assert not [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith(".broken")]
