@@ -98,7 +98,9 @@ class TrainerConfig(Section):
     num_workers: int | tuple[int, int] = Field(1, description="Ray Train workers; [min, max] trains elastically "
                                                "(DDP): a run that loses workers goes on with fewer, down to min, and "
                                                "grows back towards max when Ray can place them, on the same global "
-                                               "batches (exact: see chunk_size)")
+                                               "batches (exact: see chunk_size); 0 trains in the job's own process "
+                                               "(Ray Train's local mode: one worker's run, no worker actor to start, "
+                                               "no restarts)")
     strategy: Literal["ddp", "deepspeed"] = Field("ddp", description="DDP (torch backend) or DeepSpeed ZeRO")
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage")
     global_batch_size: int = Field(512, ge=1, description="rows (pairs, sentences, lists) per optimizer step over all "
@@ -142,8 +144,11 @@ class TrainerConfig(Section):
     @classmethod
     def _workers(cls, workers: int | tuple[int, int]) -> int | tuple[int, int]:
         low, high = (workers, workers) if isinstance(workers, int) else workers
+        if workers == 0:
+            return workers
         if low < 1 or high < low:
-            raise ValueError("must be a count >= 1, or [min, max] with 1 <= min <= max (elastic)")
+            raise ValueError("must be a count >= 1, 0 (train in the job's process), or [min, max] with "
+                             "1 <= min <= max (elastic)")
         return workers
 
     @model_validator(mode="after")
@@ -152,7 +157,16 @@ class TrainerConfig(Section):
             raise ValueError(f"trainer.num_workers {list(self.num_workers)} (elastic) needs trainer.strategy ddp: a "
                              f"DeepSpeed checkpoint's ZeRO partitions belong to one worker count (DeepSpeed's "
                              f"universal checkpoints are not supported here)")
+        if self.in_process and self.max_failures != 0:
+            raise ValueError(f"trainer.max_failures={self.max_failures} restarts a worker group, and "
+                             f"trainer.num_workers=0 trains in the job's own process, which has none: set "
+                             f"trainer.max_failures=0, or trainer.num_workers >= 1")
         return self
+
+    @property
+    def in_process(self) -> bool:
+        """num_workers 0: the training loop runs in the job's own process (training.in_process)."""
+        return self.num_workers == 0
 
     @property
     def elastic(self) -> bool:
@@ -160,8 +174,10 @@ class TrainerConfig(Section):
 
     @property
     def worker_range(self) -> tuple[int, int]:
-        """(min, max) workers; equal unless elastic."""
-        return (self.num_workers, self.num_workers) if isinstance(self.num_workers, int) else tuple(self.num_workers)
+        """(min, max) workers; equal unless elastic; a run in process is one worker's."""
+        if isinstance(self.num_workers, int):
+            return (max(self.num_workers, 1),) * 2
+        return tuple(self.num_workers)
 
 
 GROUP_FORMATS = ("groups_jsonl", "groups_parquet")

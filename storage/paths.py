@@ -114,7 +114,7 @@ def files_under(path) -> list[tuple[str, int, float]]:
     root = path.path.rstrip("/") + "/"
     out = []
     for name, info in found.items():
-        if info.get("type") == "directory":
+        if info.get("type") == "directory" or name.endswith("/"):  # a folder's marker object (pyarrow writes them)
             continue
         stamp = info.get("LastModified") or info.get("mtime") or info.get("updated") or 0
         out.append((name.removeprefix(root), int(info.get("size") or 0),

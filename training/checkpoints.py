@@ -148,10 +148,16 @@ def report_checkpoint(metrics: dict, folder: Path | None, run_folder: str, step:
     say where it failed and rank 0 can remove the half-written folder (Ray Train uses rank 0's name for all ranks)."""
     import ray.train
 
+    from training.in_process import active_keeper
+
     name = f"checkpoint_{datetime.now().strftime('%Y-%m-%d_%H-%M-%S.%f')}_step{step}"
-    checkpoint = ray.train.Checkpoint.from_directory(str(folder)) if folder is not None else None
+    keeper = active_keeper()  # trainer.num_workers=0: this process keeps its checkpoints as Ray Train's controller
     try:
-        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name)
+        if keeper is not None:
+            keeper.report(metrics, folder, name)
+        else:
+            checkpoint = ray.train.Checkpoint.from_directory(str(folder)) if folder is not None else None
+            ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name)
     except OSError as exc:
         target = f"{run_folder}/{name}" if rank == 0 else run_folder
         if rank == 0 and "://" not in run_folder:

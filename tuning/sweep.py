@@ -92,6 +92,9 @@ def validate_spec(spec: SweepSpec, sweep_name: str, storage: str) -> list[dict[s
     points = grid_points(spec.grid)
     for point in points:
         cfg = trial_config(spec, point, sweep_name, storage)
+        if cfg.trainer.in_process:
+            raise ValueError("trainer.num_workers=0 trains in the job's process, which cannot report to Ray Tune: "
+                             "a sweep's trials train on Ray Train workers (trainer.num_workers >= 1)")
         if getattr(cfg.eval, "dev_retrieval", None) is not None:
             raise ValueError("eval.dev_retrieval: a sweep ranks its trials by STS-B dev Spearman; selecting "
                              "trials on a retrieval dev task is not supported yet (set it in a single job)")

@@ -183,7 +183,7 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_lo
     trained = run_training(tiny_config(
         tmp_path, "mined-groups", f"data.train={result['output_path']}", "data.format=groups_jsonl",
         "data.group_size=3", "objective.weights={infonce: 1.0, distill_kl: 0.5}", "trainer.max_steps=2",
-        "trainer.global_batch_size=8",
+        "trainer.global_batch_size=8", "trainer.num_workers=0",  # in the test's process
         "model.prompts={query: 'query: ', document: 'passage: '}", "objective.matryoshka={dims: [32, 16, 8]}"))
     assert trained["rows_written"] == len(mined) and trained["metrics"]["steps"] == 2
     assert np.isfinite(trained["metrics"]["train_loss"]) and trained["metrics"]["train_loss"] > 0

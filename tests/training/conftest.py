@@ -74,8 +74,9 @@ def stsb_dev_folder(root: Path, pairs: int = 24) -> Path:
 def simcse_retrieval_dev_run(train_env, tmp_path_factory):
     """One tiny SimCSE run that two modules check (a run costs ~20 s of start-up): InfoNCE on NLI triplets
     (test_simcse_training: it trains on triplets) selecting its checkpoints by a retrieval dev task (test_dev_selection):
-    the tiny NLI premises retrieving their entailments among every hypothesis, so training moves the score. Queries
-    and documents have their own prompts and the queries their own length (model.prompts, query_max_length).
+    the tiny NLI premises retrieving their entailments among every hypothesis, so training moves the score. It trains
+    in the test's process (trainer.num_workers=0), where raoe, not Ray Train's controller, keeps the best checkpoints.
+    Queries and documents have their own prompts and the queries their own length (model.prompts, query_max_length).
     Returns (the run's result, the dev task's BEIR folder)."""
     import json
 
@@ -92,5 +93,6 @@ def simcse_retrieval_dev_run(train_env, tmp_path_factory):
                                    "objective.weights={infonce: 1.0}", f"eval.dev_retrieval={folder}",
                                    "trainer.max_steps=3", "trainer.eval_every=1", "trainer.global_batch_size=16",
                                    "trainer.lr=3e-3", "model.prompts={query: 'query: ', document: 'passage: '}",
-                                   "model.query_max_length=12"))
+                                   "model.query_max_length=12",
+                                   "trainer.num_workers=0"))  # in this process: raoe keeps the best checkpoints
     return out, folder

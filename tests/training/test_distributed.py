@@ -1,11 +1,12 @@
 """The global-batch contract end to end: 1 worker, 2 DDP workers, and 2 DeepSpeed workers under ZeRO-2 and ZeRO-3
 train on the same rows in the same chunks with the same dropout masks at every step (dropout 0.1, chunks of 16: two
 on one worker, one on each of two) and so log the same loss and the same global gradient norm (before clipping) at
-every step. The gradient norm is what a x N error in the gradient would show; weights after
-a clipped AdamW step would not. The ZeRO-3 run tokenises ahead in the input prefetch thread, the others in the step,
-and it scores STS-B dev from pairs the driver read (the files gone before the workers start); the ZeRO-2 workers map
-the corpus from their node's copy of its Arrow files (data.node_local) instead of the object store.
-bf16 means autocast with fp32 weights under both strategies."""
+every step. The one-worker runs train in the test's own process (trainer.num_workers=0, Ray Train's local mode: the
+same loop on a one-process group); the others on Ray Train workers. The gradient norm is what a x N error in the
+gradient would show; weights after a clipped AdamW step would not. The ZeRO-3 run tokenises ahead in the input
+prefetch thread, the others in the step, and it scores STS-B dev from pairs the driver read (the files gone before
+the workers start); the ZeRO-2 workers map the corpus from their node's copy of its Arrow files (data.node_local)
+instead of the object store. bf16 means autocast with fp32 weights under both strategies."""
 
 import json
 
@@ -20,7 +21,7 @@ STEPS = 3
 COMMON = ("trainer.global_batch_size=32", "trainer.chunk_size=16", "model.dropout=0.1", f"trainer.max_steps={STEPS}",
           f"trainer.lr={LR}", "trainer.warmup_ratio=0.0", "trainer.eval_every=3")
 RUNS = {
-    "1 worker": (),
+    "1 worker": ("trainer.num_workers=0",),  # in the test's own process (Ray Train's local mode): one worker's run
     "2 workers ddp": ("trainer.num_workers=2",),
     # with the corpus memory-mapped from the node's copy of its files (data.node_local), not Ray's object store
     "2 workers zero-2": ("trainer.num_workers=2", "trainer.strategy=deepspeed", "trainer.zero_stage=2",
@@ -30,7 +31,7 @@ RUNS = {
                          "data.prefetch=true"),
 }
 BF16 = {
-    "1 worker bf16": ("trainer.bf16=true", "trainer.max_steps=1", "trainer.eval_every=1"),
+    "1 worker bf16": ("trainer.num_workers=0", "trainer.bf16=true", "trainer.max_steps=1", "trainer.eval_every=1"),
     "2 workers zero-2 bf16": ("trainer.bf16=true", "trainer.max_steps=1", "trainer.eval_every=1",
                               "trainer.num_workers=2", "trainer.strategy=deepspeed", "trainer.zero_stage=2"),
 }
@@ -85,7 +86,7 @@ def test_workers_score_dev_pairs_the_driver_read_when_their_node_lacks_the_files
 @pytest.mark.parametrize("other", ["2 workers ddp", "2 workers zero-2", "2 workers zero-3"])
 def test_every_step_has_the_one_worker_loss_and_gradient_norm(runs, other):
     one, two = runs["1 worker"], runs[other]
-    assert two["num_workers"] == 2 and two["plan"]["micro_batch"] == 16
+    assert one["num_workers"] == 0 and two["num_workers"] == 2 and two["plan"]["micro_batch"] == 16
     assert one["metrics"]["steps"] == two["metrics"]["steps"] == STEPS
     for key in ("train_loss", "grad_norm"):
         expected, got = metric_by_step(one["run_id"], key), metric_by_step(two["run_id"], key)

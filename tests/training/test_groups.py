@@ -181,7 +181,7 @@ def test_mixed_sources_train_each_step_on_one_source(train_env):
                f"format: groups_jsonl, group_size: 3, weight: 2, objective: {{infonce: 1.0}}, "
                f"prompts: {{query: 'query: ', document: 'passage: '}}}}]")
     cfg = tiny_config(train_env, "mixed-sources", "data.train=null", sources, "trainer.max_steps=6",
-                      "trainer.global_batch_size=8")
+                      "trainer.global_batch_size=8", "trainer.num_workers=0")  # in the test's process
     result = run_training(cfg)
     drawn, _ = source_schedule([1.0, 2.0], cfg.trainer.seed, 6)
     steps = {name: [s + 1 for s in range(6) if drawn[s] == i] for i, name in enumerate(["nli", "groups"])}

@@ -59,7 +59,8 @@ def alternating_lists(train_env, tmp_path_factory):
     data = tmp_path_factory.mktemp("lists") / "lists.jsonl"
     data.write_text("".join(json.dumps({"sentences": x[: 2 if i % 2 == 0 else 6]}) + "\n"
                             for i, x in enumerate(LISTS[:8])))
-    return data, run_training(_config(train_env, "lists-1", data, *SIZES, "data.cache=true"))
+    return data, run_training(_config(train_env, "lists-1", data, *SIZES, "data.cache=true",
+                                      "trainer.num_workers=0"))  # in the test's process (Ray Train's local mode)
 
 
 @pytest.mark.parametrize("strategy", [("trainer.strategy=ddp",),

@@ -129,7 +129,7 @@ def checkpointed_qlora(train_env):
     from training.run import run_training
 
     return {
-        "1 worker": run_training(_qlora_config(train_env, "qlora-ckpt-1")),
+        "1 worker": run_training(_qlora_config(train_env, "qlora-ckpt-1", "trainer.num_workers=0")),  # in process
         "2 workers ddp": run_training(_qlora_config(train_env, "qlora-ckpt-2", "trainer.num_workers=2")),
     }
 

@@ -74,8 +74,9 @@ def test_a_run_name_resubmitted_on_other_rows_is_refused_before_training(train_e
 
 def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, tmp_path, s3, monkeypatch):
     """Stage 2 from the registered Stage 1 URI with everything it writes on object storage (the local S3 endpoint):
-    the Ray Data tasks read its STS-B train file there and write the validated-corpus cache there, Ray Train
-    checkpoints there, the best model is exported there and MLflow keeps the registered model's artifacts there."""
+    the Ray Data tasks read its STS-B train file there and write the validated-corpus cache there, the run (in the
+    test's process, trainer.num_workers=0) checkpoints there with its record of them (Ray Train's workers do:
+    test_multinode.py), the best model is exported there and MLflow keeps the registered model's artifacts there."""
     from mlflow import MlflowClient
 
     from encoders.backbone import inference_embeddings, load_encoder
@@ -99,11 +100,13 @@ def test_stage2_starts_from_the_registered_stage1_model(train_env, resubmitted, 
     s2 = run_training(tiny_config(train_env, "stage2-from-uri", f"data.train={on_s3}", f"model.init_from={s1_uri}",
                                   "trainer.global_batch_size=16", "trainer.max_steps=2", "data.cache=true",
                                   f"trainer.storage_path={s3.uri('runs')}", f"output_dir={s3.uri('models')}",
-                                  "tracking.experiment=raoe-test-on-s3", stage="stage2"))
+                                  "tracking.experiment=raoe-test-on-s3", "trainer.num_workers=0", stage="stage2"))
     assert s2["registered_model"] == "raoe-s2" and s2["model_uri"] == f"models:/raoe-s2/{s2['version']}"
     assert (s2["rows_in"], s2["rows_written"], s2["corpus_cache"]) == (64, 64, "written")
     assert s2["checkpoint_path"] == s3.uri("runs/stage2-from-uri")
-    assert any(p.name.startswith("checkpoint") for p in storage_path(s2["checkpoint_path"]).iterdir())
+    record = json.loads(storage_path(s2["checkpoint_path"]).joinpath("in_process_checkpoints.json").read_text())
+    assert [c["metrics"]["step"] for c in record["checkpoints"]] == [2]  # eval_every 4: the last step's
+    assert storage_path(s2["checkpoint_path"]).joinpath(record["checkpoints"][0]["name"], "model").is_dir()
     assert s2["model_path"] == s3.uri("models/stage2-from-uri/model")
     exported = storage_path(s2["model_path"])
     assert {"modules.json", "model.safetensors", "README.md"} <= {p.name for p in exported.iterdir()}

@@ -13,8 +13,8 @@ from safetensors.numpy import load_file
 from tests.training.conftest import ONE_STEP_APART_REL, ROOT, SAME_START_REL, metric_by_step
 
 STEPS = 2
-RUNS = {"1 worker": (), "2 workers zero-2": ("trainer.num_workers=2", "trainer.strategy=deepspeed",
-                                             "trainer.zero_stage=2"),
+RUNS = {"1 worker": ("trainer.num_workers=0",),  # in the test's process (Ray Train's local mode)
+        "2 workers zero-2": ("trainer.num_workers=2", "trainer.strategy=deepspeed", "trainer.zero_stage=2"),
         "2 workers ddp": ("trainer.num_workers=2",)}
 
 

@@ -108,7 +108,8 @@ def _config(root, name, *overrides):
 @pytest.fixture(scope="module")
 def unsupervised_runs(train_env, tmp_path_factory):
     """The SAN corpus with every 4th anchor left without a negative (as generate_san keeps anchors its guard
-    refused), aligned negatives at their own dropout p2 = 0.2: on 1 worker, and on 2 with one killed mid-run."""
+    refused), aligned negatives at their own dropout p2 = 0.2: on 1 worker (in the test's process), and on 2 Ray Train
+    workers with one killed mid-run."""
     from training.run import run_training
 
     rows = [json.loads(line) for line in SAN.read_text().splitlines()]
@@ -116,7 +117,7 @@ def unsupervised_runs(train_env, tmp_path_factory):
     corpus.write_text("".join(json.dumps({"text": r["text"], "negative": r["negative"] if i % 4 else None}) + "\n"
                               for i, r in enumerate(rows)))
     guarded = (f"data.train={corpus}", "model.negative_dropout=0.2")
-    one = run_training(_config(train_env, "unsup-1", *guarded))
+    one = run_training(_config(train_env, "unsup-1", *guarded, "trainer.num_workers=0"))  # in this process
     two = run_training(_config(train_env, "unsup-2", *guarded, "trainer.num_workers=2", "trainer.max_failures=1"),
                        after_step=(KillWorkerAfterStep(3),))  # the group restarts from the step-2 checkpoint
     return one, two, len(rows)

@@ -93,7 +93,8 @@ def test_rerunning_the_sweep_resumes_without_rerunning_trials(swept, sweep_env):
 
 
 def test_a_sweep_refuses_a_retrieval_dev_task_by_name(tmp_path):
-    """Trials are ranked by STS-B dev; a base config selecting on eval.dev_retrieval is refused before Ray starts."""
+    """Trials are ranked by STS-B dev; a base config selecting on eval.dev_retrieval is refused before Ray starts, and
+    so is one training in the trial's own process."""
     from jobconfig import load_config
     from tuning.sweep import SweepSpec, validate_spec
 
@@ -101,3 +102,7 @@ def test_a_sweep_refuses_a_retrieval_dev_task_by_name(tmp_path):
         f"overrides={json.dumps(['eval.dev_retrieval=outputs/beir/stsb-dev'])}"])
     with pytest.raises(ValueError, match="eval.dev_retrieval: a sweep ranks its trials by STS-B dev"):
         validate_spec(spec, "s", str(tmp_path))
+    in_process = load_config(SweepSpec, ROOT / "configs" / "tiny" / "sweep.yaml", [
+        f"overrides={json.dumps(['trainer.num_workers=0'])}"])  # a trial in its own process cannot report to Tune
+    with pytest.raises(ValueError, match="trainer.num_workers=0 .* cannot report to Ray Tune"):
+        validate_spec(in_process, "s", str(tmp_path))
