@@ -9,6 +9,9 @@ Two jobs, each submitted --repeats + 1 times to one head (`ray start --head`, lo
   tiny     Stage 1, configs/tiny/stage1.yaml (a tiny random BERT, 128 NLI pairs)
   student  Stage 2 on STS-B train from the offline MiniLM student (configs/stage2/minilm-stsb-cpu.yaml), 256 pairs
 
+and each again with trainer.num_workers=0 ("in process": the job's own process trains, Ray Train's local mode, no
+worker group to start; --no-in-process leaves them out).
+
 The time to the first step is cut at lines every version of raoe prints (so a checkout of an older commit, --tree,
 is measured the same way): the driver's "[raoe] <stage>: N pairs" line (job started, config checked, corpus read,
 validated and ordered), Ray Train's "Started training worker group" (controller and worker processes up), the
@@ -36,7 +39,7 @@ STSB = DATA / "stsb" / "stsb-en-train.csv"
 
 MILESTONES = (  # (name, pattern of the line that ends it), in the order they appear
     ("driver", re.compile(r"\[raoe\] stage\d: \d+ ")),
-    ("worker_group", re.compile(r"Started training worker group")),
+    ("worker_group", re.compile(r"Started training worker group|training in this process")),
     ("worker_setup", re.compile(r"\[raoe\] \d+ worker\(s\)")),
     ("first_step", re.compile(r"\[raoe\] step 1/")),
 )
@@ -49,7 +52,12 @@ def jobs(workdir: Path) -> dict[str, list[str]]:
                "--set", "model.init_from=pypi:all-minilm-l6-v2", "--set", f"data.train={STSB}",
                "--set", "data.max_rows=256", "--set", "trainer.max_steps=2", "--set", "trainer.global_batch_size=64",
                "--set", f"eval.data_dir={workdir / 'none'}", "--set", "data.cache=false"]
-    return {"tiny": tiny, "student": student}
+    return {"tiny": tiny, "student": student, **in_process_jobs(tiny, student)}
+
+
+def in_process_jobs(tiny: list[str], student: list[str]) -> dict[str, list[str]]:
+    return {f"{name} in process": [*job, "--set", "trainer.num_workers=0"]
+            for name, job in (("tiny", tiny), ("student", student))}
 
 
 def submit_once(head, job: list[str], workdir: Path, name: str, tree: Path) -> dict:
@@ -79,13 +87,15 @@ def submit_once(head, job: list[str], workdir: Path, name: str, tree: Path) -> d
             "job_breakdown_s": (result or {}).get("startup")}
 
 
-def measure(tree: Path, repeats: int) -> dict:
+def measure(tree: Path, repeats: int, in_process: bool = True) -> dict:
     from runtime.local_head import LocalHead, head_env
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp, LocalHead(head_env()) as head:
         workdir = Path(tmp)
         for label, job in jobs(workdir).items():
+            if label.endswith("in process") and not in_process:
+                continue
             runs = []
             for attempt in range(repeats + 1):
                 print(f"[bench] {label} submission {attempt + 1}/{repeats + 1} ...", flush=True)
@@ -97,7 +107,7 @@ def measure(tree: Path, repeats: int) -> dict:
 
 
 def markdown(after: dict, before: dict | None, machine: dict) -> str:
-    goals = {"tiny": 15.0, "student": 20.0}
+    goals = {"tiny": 15.0, "tiny in process": 15.0, "student": 20.0, "student in process": 20.0}
     lines = ["# Job start-up: `ray job submit` to the first optimizer step", "",
              f"Machine: {machine}. A local head (`ray start --head`, 2 CPUs, loopback); cold = the head's first "
              "submission, warm = the best later one. Phases end at lines every version prints (see the script).", "",
@@ -112,7 +122,9 @@ def markdown(after: dict, before: dict | None, machine: dict) -> str:
                          f"{data['warm']['to_first_step_s']:.1f} s | {p.get('driver', 0):.1f} | "
                          f"{p.get('worker_group', 0):.1f} | {p.get('worker_setup', 0):.1f} | "
                          f"{p.get('first_step', 0):.1f} | <= {goal:g} s |")
-    lines.append("")
+    lines += ["", "in process: the same job with `trainer.num_workers=0` (the job's own process trains, Ray Train's local "
+              "mode: no controller or worker process to start); its 'worker group' phase ends at its 'training in this "
+              "process' line.", ""]
     for label in goals:
         breakdown = (after.get(label) or {}).get("warm", {}).get("job_breakdown_s")
         if breakdown:
@@ -127,13 +139,15 @@ def main() -> None:
     parser.add_argument("--label", default="after", help="'after' writes startup.{json,md}; others startup_<label>.json")
     parser.add_argument("--repeats", type=int, default=2, help="warm submissions per job (the best counts)")
     parser.add_argument("--quick", action="store_true", help="one warm submission per job")
+    parser.add_argument("--no-in-process", action="store_true", help="leave out the trainer.num_workers=0 jobs (a "
+                        "tree from before they existed)")
     args = parser.parse_args()
     if not STSB.exists():
         sys.exit(f"needs STS-B train at {STSB} (set RAOE_DEV_DATA)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from benchmarks.common import RESULTS, machine, write_results
 
-    results = measure(args.tree.resolve(), 1 if args.quick else args.repeats)
+    results = measure(args.tree.resolve(), 1 if args.quick else args.repeats, not args.no_in_process)
     if args.label != "after":
         RESULTS.mkdir(parents=True, exist_ok=True)
         path = RESULTS / f"startup_{args.label}.json"
