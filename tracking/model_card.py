@@ -52,7 +52,7 @@ def model_card(cfg, result: dict[str, Any], described_objective: dict[str, dict]
           if getattr(cfg.objective, "matryoshka", None) else []),
         f"- Data: {', '.join(f'`{s}`' for s in sources)}; {result.get('rows_written')} of {result.get('rows_in')} "
         f"records valid ({result.get('rows_quarantined')} quarantined); {plan.get('rows')} {unit} trained on",
-        f"- Steps: {metrics.get('steps')} of {plan.get('global_batch')} {unit} ({result.get('num_workers')} worker(s), "
+        f"- Steps: {metrics.get('steps')} of {plan.get('global_batch')} {unit} ({_workers(result.get('num_workers'))}, "
         f"{result.get('strategy')}), lr {cfg.trainer.lr}, seed {cfg.trainer.seed}; best step {metrics.get('best_step')}",
         (f"- Retrieval dev nDCG@10 x100 of the kept checkpoint (`{cfg.eval.dev_retrieval.task_name}`, which selected "
          f"it): {retrieval_dev:.2f}" if retrieval_dev is not None else
@@ -93,3 +93,8 @@ def write_model_card(folder: str | Path, text: str) -> Path:
     path = Path(folder) / CARD
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def _workers(count) -> str:
+    """trainer.num_workers as a reader says it (0: one worker, the job's own process)."""
+    return "1 worker, in the job's process" if count == 0 else f"{count} worker(s)"

@@ -109,6 +109,7 @@ def test_a_failed_run_in_process_resumes_from_its_last_checkpoint(train_env):
     first, replayed = [m.value for m in history if m.step == 3]
     assert replayed == pytest.approx(first, rel=SAME_START_REL)
     assert metric_by_step(again["run_id"], "grad_norm")[4] > 0
+    assert "(1 worker, in the job's process, ddp)" in (Path(again["model_path"]) / "README.md").read_text()
 
 
 def test_what_cannot_run_in_process_is_refused_by_key(train_env):
