@@ -119,12 +119,22 @@ def save_merged(model_path: str, out: str | Path, dtype: str = "float32") -> Pat
     return out
 
 
+def trace_onnx(merged_folder: str | Path, out: str | Path) -> Path:
+    """The fp32 merged folder's transformer traced once into ``out/onnx/model.onnx`` (its weights beside it past
+    2 GB), nothing else: what ``save_onnx`` and ``save_openvino`` take as ``traced``, so a job asking for several
+    graph formats traces once and copies no weights it does not keep."""
+    graph = Path(out) / ONNX_FILE["onnx"]
+    if Path(out).exists():
+        shutil.rmtree(out)
+    graph.parent.mkdir(parents=True)
+    _export_graph(merged_folder, graph)
+    return Path(out)
+
+
 def save_onnx(merged_folder: str | Path, out: str | Path, int8: bool = False, traced: str | Path | None = None) -> Path:
-    """``onnx`` (or ``onnx_int8``): a copy of the fp32 merged folder with the transformer's graph in onnx/. The int8
-    copy quantises ``traced`` (an ``onnx`` export of the same folder) when given, instead of tracing the model again:
-    a 7B trace takes minutes and the model's weights in memory."""
-    if traced is not None and not int8:
-        raise ValueError("save_onnx: traced is the graph an int8 copy quantises; the fp32 onnx export is traced itself")
+    """``onnx`` (or ``onnx_int8``): a copy of the fp32 merged folder with the transformer's graph in onnx/: the graph
+    of ``traced`` (``trace_onnx`` of the same folder, linked where it can be) when given, else traced here. A 7B
+    trace takes minutes and the model's weights in memory: a job asking for several formats traces once."""
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)
@@ -133,6 +143,10 @@ def save_onnx(merged_folder: str | Path, out: str | Path, int8: bool = False, tr
     graph.parent.mkdir(parents=True, exist_ok=True)
     if traced is not None:
         graph = Path(traced) / ONNX_FILE["onnx"]
+        if not int8:
+            for name in [*weight_files(graph), graph.name]:
+                _link_or_copy(graph.parent / name, out / "onnx" / name)
+            return out
     else:
         _export_graph(merged_folder, graph)
     if int8:
@@ -147,6 +161,14 @@ def save_onnx(merged_folder: str | Path, out: str | Path, int8: bool = False, tr
             for name in [*weight_files(graph), graph.name]:
                 (graph.parent / name).unlink()
     return out
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A hard link where both are on one file system (a 7B graph's 28 GB of weights are not written twice)."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 def save_openvino(merged_folder: str | Path, out: str | Path, traced: str | Path | None = None) -> Path:

@@ -87,7 +87,7 @@ def main(cfg: ExportJobConfig) -> dict:
     from pathlib import Path
 
     from encoders.backbone import load_encoder
-    from encoders.export import load_export, save_merged, save_onnx, save_openvino
+    from encoders.export import load_export, save_merged, save_onnx, save_openvino, trace_onnx
     from encoders.model_uris import resolve_alias, resolve_model
     from evaluation.parity import parity, source_embeddings
     from evaluation.sts import load_task
@@ -119,13 +119,13 @@ def main(cfg: ExportJobConfig) -> dict:
         scratch = Path(scratch)
         graphs = {"onnx", "onnx_int8", "openvino"} & set(e.formats)
         merged_fp32 = save_merged(model_path, scratch / "merged-fp32") if graphs or e.dtype == "float32" else None
-        traced = save_onnx(merged_fp32, scratch / "onnx") if graphs else None  # the model traced once, whatever order
+        traced = trace_onnx(merged_fp32, scratch / "trace") if graphs else None  # traced once, in any format order
         built = {}
         for fmt in e.formats:
             if fmt == "merged":
                 built[fmt] = merged_fp32 if e.dtype == "float32" else save_merged(model_path, scratch / fmt, e.dtype)
             elif fmt == "onnx":
-                built[fmt] = traced
+                built[fmt] = save_onnx(merged_fp32, scratch / fmt, traced=traced)
             elif fmt == "openvino":
                 built[fmt] = save_openvino(merged_fp32, scratch / fmt, traced=traced)
             else:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from encoders.backbone import build_encoder, export_encoder, inference_embeddings, load_encoder
-from encoders.export import expanding_matmuls, load_export, save_merged, save_onnx, save_openvino
+from encoders.export import expanding_matmuls, load_export, save_merged, save_onnx, save_openvino, trace_onnx
 from encoders.sources import resolve_model_source
 from evaluation.parity import cosines
 from evaluation.retrieval import dev_ndcg_at_10, read_dev_set
@@ -84,7 +84,12 @@ def test_onnx_graphs_embed_as_the_model_with_its_query_and_document_prompts(tmp_
     torch_model, onnx_model = load_encoder(str(source)), load_export(fp32, "onnx")
     # the graph runs in the transformer's place: its torch weights were never read into memory
     assert {p.device.type for p in replaced[0].parameters()} == {"meta"}
-    openvino = save_openvino(merged, tmp_path / "openvino", traced=fp32)  # the ONNX graph as OpenVINO IR, fp32
+    trace = trace_onnx(merged, tmp_path / "trace")  # the graph alone: no weights copied for a format not kept
+    assert sorted(str(p.relative_to(trace)) for p in trace.rglob("*") if p.is_file()) == ["onnx/model.onnx"]
+    from_trace = save_onnx(merged, tmp_path / "onnx-from-trace", traced=trace)  # the traced graph, not a new trace
+    assert (from_trace / "onnx" / "model.onnx").read_bytes() == (trace / "onnx" / "model.onnx").read_bytes()
+    assert (from_trace / "model.safetensors").exists() and not (trace / "model.safetensors").exists()
+    openvino = save_openvino(merged, tmp_path / "openvino", traced=trace)  # the ONNX graph as OpenVINO IR, fp32
     assert {p.name for p in (openvino / "openvino").iterdir()} == {"openvino_model.xml", "openvino_model.bin"}
     assert not (openvino / "onnx").exists()
     for encode in ("encode_query", "encode_document"):
@@ -126,7 +131,7 @@ def test_the_export_job_logs_what_passes_on_the_version_and_refuses_what_drifts(
     with pytest.raises(job.ExportRefused,
                        match=r"onnx_int8: min cosine [01]\.\d+ \(needs 1\.0\).*Kept: merged, onnx, openvino"):
         job.main(cfg)
-    assert len(traces) == 1  # onnx_int8 (asked first) and openvino took the onnx graph: the model traced once
+    assert len(traces) == 1  # onnx_int8 (asked first), onnx and openvino took one trace: the model traced once
     from storage.paths import storage_path
 
     assert storage_path(s3.uri("exports/onnx/onnx/model.onnx")).exists()
