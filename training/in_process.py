@@ -87,21 +87,21 @@ class CheckpointKeeper:
     def _read_record(self) -> list[tuple[str, dict[str, Any]]]:
         import pyarrow.fs
 
-        if self.fs.get_file_info(f"{self.root}/{RAY_TRAIN_RECORD}").type != pyarrow.fs.FileType.NotFound:
-            raise ValueError(f"{self.run_folder} holds a run of Ray Train workers: resume it with trainer.num_workers "
-                             f">= 1, or give a new tracking.run_name to train in process (trainer.num_workers=0)")
         if self.fs.get_file_info(f"{self.root}/{RECORD}").type == pyarrow.fs.FileType.NotFound:
             return []
         with self.fs.open_input_stream(f"{self.root}/{RECORD}") as f:
             return [(c["name"], c["metrics"]) for c in json.loads(f.read())["checkpoints"]]
 
 
-def refuse_in_process_folder(run_folder: str) -> None:
-    """A run of Ray Train workers cannot resume a run folder trained in process (Ray Train would not see its
-    checkpoints and would start over beside them)."""
+def refuse_the_other_mode(run_folder: str, in_process: bool) -> None:
+    """Neither mode reads the other's record of its checkpoints: a run folder written by the other is refused (else
+    the run would start over beside them)."""
     from storage.paths import join, storage_path
 
-    if storage_path(join(run_folder, RECORD)).exists():
+    if in_process and storage_path(join(run_folder, RAY_TRAIN_RECORD)).exists():
+        raise ValueError(f"{run_folder} holds a run of Ray Train workers: resume it with trainer.num_workers >= 1, "
+                         f"or give a new tracking.run_name to train in process (trainer.num_workers=0)")
+    if not in_process and storage_path(join(run_folder, RECORD)).exists():
         raise ValueError(f"{run_folder} holds a run trained in process (trainer.num_workers=0): resume it with "
                          f"trainer.num_workers=0, or give a new tracking.run_name")
 

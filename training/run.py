@@ -31,7 +31,7 @@ from tracking.metrics import RunTarget, metric_name, with_retries
 from tracking.model_card import model_card, write_model_card
 from tracking.model_registry import REGISTERED, log_and_register, run_for_name
 from training.checkpoints import MODEL_DIR, PROGRESS_FILE, refuse_other_corpus, storage_failure
-from training.in_process import CheckpointKeeper, fit_in_process, refuse_in_process_folder
+from training.in_process import CheckpointKeeper, fit_in_process, refuse_the_other_mode
 from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, DataKind, corpus_cache_dir
 from training.plan import elastic_chunk, plan_steps
 from training.rows import CorpusBlocks, content_ordered, write_files
@@ -433,6 +433,7 @@ def _fit(cfg: TrainJobConfig, worker_config: WorkerConfig, run_name: str, callba
 
     t = cfg.trainer
     score = worker_config.dev.metric if worker_config.dev.data is not None else None
+    refuse_the_other_mode(worker_config.run_folder, t.in_process)
     if t.in_process:
         if callbacks:
             raise ValueError("trainer.num_workers=0 (training in the job's process) cannot report to a Ray Tune "
@@ -441,7 +442,6 @@ def _fit(cfg: TrainJobConfig, worker_config: WorkerConfig, run_name: str, callba
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", _worker_env()["TORCH_EXTENSIONS_DIR"])
         keeper = CheckpointKeeper(worker_config.run_folder, t.keep_checkpoints, score)
         return fit_in_process(train_loop_per_worker, worker_config, run_name, keeper, t.use_gpu)
-    refuse_in_process_folder(worker_config.run_folder)
     if t.elastic and t.max_failures == 0:
         print(f"[raoe] trainer.num_workers {list(t.num_workers)} is elastic but trainer.max_failures is 0: a lost "
               f"worker ends the run instead of going on with fewer", flush=True)

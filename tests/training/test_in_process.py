@@ -63,18 +63,19 @@ def test_the_keeper_keeps_the_best_by_score_and_the_latest(tmp_path, where, requ
 
 def test_a_run_folder_of_the_other_mode_is_refused(tmp_path):
     """Neither mode reads the other's record of checkpoints: resuming across them would start over beside them."""
-    from training.in_process import RECORD, CheckpointKeeper, refuse_in_process_folder
+    from training.in_process import RECORD, refuse_the_other_mode
 
     ray_run, local_run = tmp_path / "ray-run", tmp_path / "local-run"
     ray_run.mkdir()
     (ray_run / "checkpoint_manager_snapshot.json").write_text("{}")
     with pytest.raises(ValueError, match="holds a run of Ray Train workers: resume it with trainer.num_workers >= 1"):
-        CheckpointKeeper(str(ray_run), keep=2, score=None)
+        refuse_the_other_mode(str(ray_run), in_process=True)
     local_run.mkdir()
     (local_run / RECORD).write_text(json.dumps({"checkpoints": []}))
     with pytest.raises(ValueError, match=r"trained in process \(trainer.num_workers=0\): resume it with"):
-        refuse_in_process_folder(str(local_run))
-    refuse_in_process_folder(str(ray_run))  # a Ray Train run folder goes on
+        refuse_the_other_mode(str(local_run), in_process=False)
+    refuse_the_other_mode(str(ray_run), in_process=False)  # each mode goes on in its own folder
+    refuse_the_other_mode(str(local_run), in_process=True)
 
 
 class _FailAfterStep:
