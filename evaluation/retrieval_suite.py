@@ -5,6 +5,7 @@ its queries encoded by the same pool, exact top-100 search by actors that hold t
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from evaluation.retrieval import (
 from evaluation.search_actors import SearchMethod
 from storage.digests import hub_revision
 from storage.paths import storage_path
+
+if TYPE_CHECKING:
+    from evaluation.encode import Encodings
 
 
 def retrieval_outputs(eval_cfg) -> dict[str, str]:
@@ -76,20 +80,21 @@ def corpus_key(source: str) -> str:
 
 
 def evaluate_task(model_path: str, task: RetrievalTask, *, pool: EncoderPool, batch_size: int,
-                  dims: list[int | None], per_query: dict | None = None,
-                  method: SearchMethod | None = None) -> dict[int | None, dict[str, float]]:
+                  dims: list[int | None], per_query: dict | None = None, method: SearchMethod | None = None,
+                  encodings: Encodings | None = None) -> dict[int | None, dict[str, float]]:
     """BEIR's five metrics of one task for one model at each of ``dims`` (None: the whole embedding; an int: its
     leading dimensions, a Matryoshka size), searched by actors that hold the corpus index between them while every
-    size is scored (the queries encoded once, whole, and cut to each size); an approximate ``method`` adds its
-    ``search_recall@100`` against exact search."""
-    from evaluation.encode import ray_encode
+    size is scored (the queries encoded once, whole, and cut to each size, read from ``encodings`` when the job
+    shares them); an approximate ``method`` adds its ``search_recall@100`` against exact search."""
+    from evaluation.encode import Encodings
     from evaluation.search import normalised
     from evaluation.search_actors import search_actors
 
     print(f"retrieval {task.name}: {len(task.query_ids)} queries", flush=True)
     index = corpus_index(corpus_dataset(task.source), model_path, corpus_key(task.source), pool=pool,
                          batch_size=batch_size)
-    queries = normalised(ray_encode(model_path, task.query_texts, batch_size=batch_size, pool=pool, side="query"))
+    encodings = encodings or Encodings(model_path, batch_size, pool)
+    queries = normalised(encodings(task.query_texts, side="query"))
     results = {}
     with search_actors(index, pool, method or SearchMethod()) as searcher:
         for dim in dims:
@@ -106,25 +111,42 @@ def evaluate_task(model_path: str, task: RetrievalTask, *, pool: EncoderPool, ba
     return results
 
 
-def evaluate_retrieval_at(model_path: str, tasks, dims: list[int | None], *, pool: EncoderPool, batch_size: int = 64,
-                          per_query: dict | None = None,
-                          method: SearchMethod | None = None) -> dict[int | None, dict[str, dict[str, float]]]:
-    """{size: {task name: {metric: value}}} for the configured tasks (each with source, split, name, max_queries) at
-    each size of ``dims`` (None: the whole embedding), each corpus encoded and loaded into the search actors once;
-    ``per_query`` gets the per-query scores at the first size."""
+def read_tasks(specs) -> list[RetrievalTask]:
+    """The configured tasks (each with source, split, name, max_queries), their queries and judgements read."""
+    return [read_task(spec.source, spec.split, spec.name, spec.max_queries, spec.ignore_identical_ids)
+            for spec in specs]
+
+
+def expect_queries(encodings: Encodings, tasks: list[RetrievalTask]) -> None:
+    """Every task's queries into the job's next encoding pass (with the STS sentences: one actor start)."""
+    for task in tasks:
+        encodings.expect(task.query_texts, side="query")
+
+
+def evaluate_retrieval_at(model_path: str, tasks: list[RetrievalTask], dims: list[int | None], *, pool: EncoderPool,
+                          batch_size: int = 64, per_query: dict | None = None, method: SearchMethod | None = None,
+                          encodings: Encodings | None = None) -> dict[int | None, dict[str, dict[str, float]]]:
+    """{size: {task name: {metric: value}}} for ``tasks`` (read_tasks) at each size of ``dims`` (None: the whole
+    embedding), each corpus encoded and loaded into the search actors once and every task's queries encoded in
+    one pass (``encodings``: the job's, which may hold them already); ``per_query`` gets the per-query scores at
+    the first size."""
+    from evaluation.encode import Encodings
+
+    encodings = encodings or Encodings(model_path, batch_size, pool)
+    expect_queries(encodings, tasks)
     results: dict = {dim: {} for dim in dims}
-    for spec in tasks:
-        task = read_task(spec.source, spec.split, spec.name, spec.max_queries, spec.ignore_identical_ids)
+    for task in tasks:
         found = evaluate_task(model_path, task, pool=pool, batch_size=batch_size, dims=list(dims),
-                              per_query=per_query, method=method)
+                              per_query=per_query, method=method, encodings=encodings)
         for dim, means in found.items():
             results[dim][task.name] = means
     return results
 
 
-def evaluate_retrieval(model_path: str, tasks, *, pool: EncoderPool, batch_size: int = 64,
-                       per_query: dict | None = None, dim: int | None = None,
-                       method: SearchMethod | None = None) -> dict[str, dict[str, float]]:
-    """{task name: {metric: value}} at one size (the model's leading ``dim`` dimensions when given)."""
-    return evaluate_retrieval_at(model_path, tasks, [dim], pool=pool, batch_size=batch_size,
-                                 per_query=per_query, method=method)[dim]
+def evaluate_retrieval(model_path: str, specs, *, pool: EncoderPool, batch_size: int = 64,
+                       per_query: dict | None = None, dim: int | None = None, method: SearchMethod | None = None,
+                       encodings: Encodings | None = None) -> dict[str, dict[str, float]]:
+    """{task name: {metric: value}} of the configured tasks at one size (the model's leading ``dim`` dimensions
+    when given)."""
+    return evaluate_retrieval_at(model_path, read_tasks(specs), [dim], pool=pool, batch_size=batch_size,
+                                 per_query=per_query, method=method, encodings=encodings)[dim]

@@ -83,9 +83,9 @@ def main(cfg: EvaluateJobConfig) -> dict:
 
     from encoders.devices import gpus_wanted_here
     from encoders.model_uris import is_model_uri, resolve_model
-    from evaluation.encode import score_with_ray
+    from evaluation.encode import Encodings, score_with_ray
     from evaluation.retrieval import dims_table, plot_per_query, retrieval_table
-    from evaluation.retrieval_suite import evaluate_retrieval_at, retrieval_outputs
+    from evaluation.retrieval_suite import evaluate_retrieval_at, expect_queries, read_tasks, retrieval_outputs
     from evaluation.sts import plot_cosine_vs_gold
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
@@ -99,7 +99,13 @@ def main(cfg: EvaluateJobConfig) -> dict:
     predictions: dict = {}
     relational: dict = {}
     per_query: dict = {}
-    scorer, cache = _relation_scorer(model_path, cfg.eval), {}  # one encoding of each sentence for every score
+    scorer = _relation_scorer(model_path, cfg.eval)
+    # one encoding of each text for every score: the STS sentences and every task's queries in one pass
+    encodings = Encodings(model_path, cfg.eval.batch_size, cfg.encoder_pool())
+    tasks = read_tasks(cfg.eval.retrieval)
+    expect_queries(encodings, tasks)
+    triples = _read_triples(cfg.eval.triples) if scorer is not None and cfg.eval.triples else []
+    encodings.expect(sorted({t[end] for t in triples for end in ("head", "tail")}))
     if scorer is not None and cfg.eval.dims:
         raise ValueError("eval.dims: an RSE model is scored with its relation vectors, which are not cut to a size; "
                          "leave eval.dims empty for it")
@@ -108,18 +114,20 @@ def main(cfg: EvaluateJobConfig) -> dict:
     with staged_folder(cfg.output_dir) as out:  # plots drawn on local disk, kept in output_dir, logged from there
         with ray_session(outputs=retrieval_outputs(cfg.eval), shared_filesystem=cfg.shared_filesystem):
             metrics = score_with_ray(model_path, cfg.eval, pool=cfg.encoder_pool(),
-                                     predictions=predictions, score=scorer, cache=cache)
+                                     predictions=predictions, score=scorer, encodings=encodings)
             # every size searched while the search actors hold each task's corpus index
-            by_size = evaluate_retrieval_at(model_path, cfg.eval.retrieval, [None, *cfg.eval.dims],
+            by_size = evaluate_retrieval_at(model_path, tasks, [None, *cfg.eval.dims],
                                             pool=cfg.encoder_pool(), batch_size=cfg.eval.batch_size,
-                                            per_query=per_query, method=cfg.eval.search.method_settings())
+                                            per_query=per_query, method=cfg.eval.search.method_settings(),
+                                            encodings=encodings)
             retrieval = by_size[None]
-            for dim in cfg.eval.dims:  # the same encodings (cache) and corpus indexes, cut to ``dim``
-                by_dim[dim] = {"metrics": score_with_ray(model_path, cfg.eval, pool=cfg.encoder_pool(), cache=cache,
-                                                         dim=dim),
+            for dim in cfg.eval.dims:  # the same encodings and corpus indexes, cut to ``dim``
+                by_dim[dim] = {"metrics": score_with_ray(model_path, cfg.eval, pool=cfg.encoder_pool(),
+                                                         encodings=encodings, dim=dim),
                                "retrieval": by_size[dim]}
             if scorer is not None:
-                relational = _relational_report(model_path, cfg, out.local / f"{safe}-relations.png", cache)
+                relational = _relational_report(model_path, cfg, out.local / f"{safe}-relations.png", encodings,
+                                                triples)
         print(f"{'task':<18}Spearman x100")
         for task, value in metrics.items():
             print(f"{task:<18}{'absent' if value is None else f'{value:.2f}'}")
@@ -202,25 +210,29 @@ def _relation_scorer(model_path: str, eval_cfg):
     return relation_sts_scorer(*saved, eval_cfg.relation_weights)
 
 
-def _relational_report(model_path: str, cfg, plot_path, cache: dict) -> dict:
-    """RSE: the plain-cosine STS scores next to the relation-weighted ones, relation prediction on eval.triples,
-    and the relation vectors' cosine plot."""
+def _read_triples(path: str) -> list[dict]:
+    """eval.triples: relation triples {head, relation, tail}, one JSON object per line."""
     import json
 
-    from encoders.relational import normalised_weights, plot_relation_similarity, read_relation_table, relation_prediction
-    from evaluation.encode import ray_encoder, score_with_ray
     from storage.paths import storage_path
+
+    lines = storage_path(path).read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _relational_report(model_path: str, cfg, plot_path, encodings, triples: list[dict]) -> dict:
+    """RSE: the plain-cosine STS scores next to the relation-weighted ones, relation prediction on ``triples``
+    (eval.triples), and the relation vectors' cosine plot."""
+    from encoders.relational import normalised_weights, plot_relation_similarity, read_relation_table, relation_prediction
+    from evaluation.encode import score_with_ray
 
     names, vectors = read_relation_table(model_path)
     weights = dict(zip(names, normalised_weights(names, cfg.eval.relation_weights).tolist()))
     out = {"relation_weights": weights, "plain_cosine": score_with_ray(
-        model_path, cfg.eval, pool=cfg.encoder_pool(), cache=cache),
+        model_path, cfg.eval, pool=cfg.encoder_pool(), encodings=encodings),
         "relation_similarity_plot": str(plot_relation_similarity(names, vectors, plot_path))}
-    if cfg.eval.triples:
-        lines = storage_path(cfg.eval.triples).read_text(encoding="utf-8").splitlines()
-        triples = [json.loads(line) for line in lines if line.strip()]
-        encode = ray_encoder(model_path, cfg.eval.batch_size, pool=cfg.encoder_pool(), cache=cache)
-        out["relation_prediction"] = relation_prediction(encode, triples, names, vectors)
+    if triples:
+        out["relation_prediction"] = relation_prediction(encodings.encoder(), triples, names, vectors)
     return out
 
 

@@ -41,16 +41,20 @@ class PromoteJobConfig(EncoderPoolSection):
 
 def main(cfg: PromoteJobConfig) -> dict:
     from encoders.devices import gpus_wanted_here
-    from evaluation.encode import score_with_ray
-    from evaluation.retrieval_suite import evaluate_retrieval, retrieval_outputs
+    from evaluation.encode import Encodings, score_with_ray
+    from evaluation.retrieval_suite import evaluate_retrieval_at, expect_queries, read_tasks, retrieval_outputs
     from runtime.local_ray import ray_session
     from runtime.tracking_store import tracking_uri
     from tracking.promotion import evaluation_key, promote, suite_scores
 
     def suite(path: str) -> dict:
-        retrieval = evaluate_retrieval(path, cfg.eval.retrieval, pool=cfg.encoder_pool(), batch_size=cfg.eval.batch_size,
-                                       dim=cfg.dim, method=cfg.eval.search.method_settings())
-        return suite_scores(score_with_ray(path, cfg.eval, pool=cfg.encoder_pool(), dim=cfg.dim), retrieval)
+        """The STS sentences and every task's queries in one encoding pass, then each task's corpus and search."""
+        encodings, tasks = Encodings(path, cfg.eval.batch_size, cfg.encoder_pool()), read_tasks(cfg.eval.retrieval)
+        expect_queries(encodings, tasks)
+        sts = score_with_ray(path, cfg.eval, pool=cfg.encoder_pool(), dim=cfg.dim, encodings=encodings)
+        retrieval = evaluate_retrieval_at(path, tasks, [cfg.dim], pool=cfg.encoder_pool(), encodings=encodings,
+                                          batch_size=cfg.eval.batch_size, method=cfg.eval.search.method_settings())
+        return suite_scores(sts, retrieval[cfg.dim])
 
     tracking_uri()
     gpus_wanted_here({"gpus_per_actor": cfg.gpus_per_actor})

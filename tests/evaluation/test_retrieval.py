@@ -321,6 +321,34 @@ def _st_reference(model, corpus, queries, qrels, truncate_dim: int | None = None
     return st(SentenceTransformer(str(model), device="cpu", truncate_dim=truncate_dim))
 
 
+def test_sts_sentences_and_every_tasks_queries_share_one_encoding_pass(tmp_path, monkeypatch, ray_local):
+    """The evaluate and promote jobs encode the suite's STS sentences and every retrieval task's queries in one Ray
+    Data pass (one actor start and model load: about 5 s each here, where a pass per task took 5 actor starts for
+    STS and two tasks), each text with its own side's prompt and max length; later calls read the table."""
+    from encoders.backbone import build_encoder, export_encoder, inference_embeddings, load_encoder
+    from encoders.sources import resolve_model_source
+    from evaluation import encode as encode_module
+    from evaluation.retrieval_suite import expect_queries
+
+    model = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32, **SIDES), tmp_path / "model")
+    passes, real = [], encode_module.ray_encode
+    monkeypatch.setattr(encode_module, "ray_encode", lambda *a, **kw: passes.append(kw) or real(*a, **kw))
+    long = "which of these documents says the most about the cat on the mat today"  # longer than the query length
+    tasks = [RetrievalTask("a", "a", ["q1", "q2"], ["a cat", long], {}),
+             RetrievalTask("b", "b", ["q3"], ["the mat"], {})]
+    sentences = ["a cat", "a dog runs", "the mat"]  # the same texts as queries: each side has its own embedding
+    encodings = encode_module.Encodings(str(model), batch_size=2)
+    expect_queries(encodings, tasks)
+    got_sentences = encodings(sentences)
+    got_queries = encodings([*tasks[0].query_texts, *tasks[1].query_texts], side="query")
+    assert len(passes) == 1 and sorted(str(side) for side in passes[0]["sides"]) == ["None"] * 3 + ["query"] * 3
+    encoder = load_encoder(str(model))
+    np.testing.assert_allclose(got_sentences, inference_embeddings(encoder, sentences, 8), atol=1e-5)
+    want = inference_embeddings(encoder, ["a cat", long, "the mat"], 8, "query")
+    np.testing.assert_allclose(got_queries, want, atol=1e-5)
+    assert not np.allclose(got_queries[[0, 2]], got_sentences[[0, 2]], atol=1e-3)  # the query prompt applied
+
+
 def test_a_retrieval_dev_set_scores_as_the_evaluator_and_must_be_dev_sized(tmp_path):
     """The score that selects checkpoints in training (whole corpus in memory, in the worker) equals
     sentence-transformers' nDCG@10 x 100; a corpus over the cap is refused by name."""

@@ -77,7 +77,7 @@ def test_one_encoding_pass_of_the_suite_sentences_serves_every_task(senteval, mo
     root, encode = senteval
     passes = []
 
-    def one_pass(model_path, sentences, *, batch_size, pool):
+    def one_pass(model_path, sentences, *, batch_size, pool, side=None):
         passes.append(list(sentences))
         return encode(sentences)
 
@@ -102,7 +102,7 @@ def test_eval_dims_cut_the_same_encodings_to_their_leading_dimensions(senteval, 
     root, encode = senteval
     passes = []
 
-    def with_a_third_dimension(model_path, sentences, *, batch_size, pool):
+    def with_a_third_dimension(model_path, sentences, *, batch_size, pool, side=None):
         passes.append(len(sentences))
         extra = np.array([[(hash(s) % 7) / 3.0] for s in sentences])
         return np.hstack([encode(sentences), extra])
@@ -110,10 +110,10 @@ def test_eval_dims_cut_the_same_encodings_to_their_leading_dimensions(senteval, 
     monkeypatch.setattr(encode_module, "ray_encode", with_a_third_dimension)
     cfg = SimpleNamespace(data_dir=root, tasks=["STS12", "STSBenchmark"], max_pairs=None, stsb_split="dev",
                           batch_size=8)
-    cache, whole_cosines, cut_cosines, want_cosines = {}, {}, {}, {}
-    encode_module.score_with_ray("unused", cfg, cache=cache, predictions=whole_cosines)
-    cut = encode_module.score_with_ray("unused", cfg, cache=cache, dim=2, predictions=cut_cosines)
-    assert len(passes) == 1  # the cut reads the cache
+    encodings, whole_cosines, cut_cosines, want_cosines = encode_module.Encodings("unused", 8), {}, {}, {}
+    encode_module.score_with_ray("unused", cfg, encodings=encodings, predictions=whole_cosines)
+    cut = encode_module.score_with_ray("unused", cfg, encodings=encodings, dim=2, predictions=cut_cosines)
+    assert len(passes) == 1  # the cut reads the encodings
     assert cut == evaluate_sts(encode, root, cfg.tasks, stsb_split="dev", predictions=want_cosines)
     np.testing.assert_allclose(cut_cosines["STSBenchmark"][0], want_cosines["STSBenchmark"][0], rtol=1e-5)
     assert not np.allclose(whole_cosines["STSBenchmark"][0], want_cosines["STSBenchmark"][0], atol=1e-3)
