@@ -342,22 +342,16 @@ def export_encoder(model, path: str | Path, meta: dict[str, Any] | None = None) 
     return path
 
 
-def load_encoder(path: str | Path, device: str = "cpu", weights: bool = True):
+def load_encoder(path: str | Path, device: str = "cpu"):
     """Load an exported model for inference as training ran it: restores a prompt template that
-    sentence-transformers' prefix prompts cannot express, and a 4-bit/8-bit base under a LoRA adapter.
-    ``weights=False``: the transformer's weights stay on disk (meta tensors), for an ONNX graph that runs in its place
-    (a 7B model's weights are 28 GB of memory it would never use)."""
+    sentence-transformers' prefix prompts cannot express, and a 4-bit/8-bit base under a LoRA adapter."""
     from sentence_transformers import SentenceTransformer
 
     meta_file = Path(path) / RAOE_META
     meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
     quant = quantization_config(meta.get("quantization", "none"))
     model_kwargs = {"quantization_config": quant} if quant is not None else {}
-    if not weights:
-        if quant is not None:  # its adapter would be loaded into tensors that hold nothing
-            raise ValueError(f"{path}: a {meta['quantization']} model is loaded with its weights (an export is merged)")
-        model_kwargs["device_map"] = "meta"
-    model = SentenceTransformer(str(path), device=device if quant is None and weights else None,  # else device_map's
+    model = SentenceTransformer(str(path), device=device if quant is None else None,  # else device_map's
                                 model_kwargs=model_kwargs or None,
                                 trust_remote_code=bool(meta.get("trust_remote_code")))  # as its training run chose
     adapter_file = Path(path) / "adapter_model.safetensors"

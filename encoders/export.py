@@ -5,13 +5,14 @@ its base's weights; a 4-bit or 8-bit base is dequantised first, so the merged we
 with (merging into the original full-precision base would change it by the quantisation error); saved in fp32, bf16
 or fp16.
 
-``onnx``: that folder plus ``onnx/model.onnx``, the transformer's graph (inputs as its tokenizer names them, output
-``last_hidden_state``): sentence-transformers' own ONNX layout, its pooling and normalisation modules beside the
-graph, so ``SentenceTransformer(folder, backend="onnx")`` loads it where optimum is installed. ``onnx_int8``: the
-same with ``onnx/model_qint8.onnx``: the feed-forward up-projections' weights quantised to 8 bits per output channel
-by onnxruntime's dynamic quantisation (``expanding_matmuls``). ``openvino`` (where the openvino package is installed):
-the folder plus ``openvino/openvino_model.xml``, the same graph as OpenVINO IR in fp32, sentence-transformers'
-OpenVINO layout (``backend="openvino"`` where optimum-intel is installed).
+``onnx``: that folder, less the transformer's weights, plus ``onnx/model.onnx``, the transformer's graph (inputs as
+its tokenizer names them, output ``last_hidden_state``): sentence-transformers' own ONNX layout, its pooling and
+normalisation modules beside the graph, so ``SentenceTransformer(folder, backend="onnx")`` loads it where optimum is
+installed. ``onnx_int8``: the same with ``onnx/model_qint8.onnx``: the feed-forward up-projections' weights quantised
+to 8 bits per output channel by onnxruntime's dynamic quantisation (``expanding_matmuls``). ``openvino`` (where the
+openvino package is installed): the folder (less the transformer's weights) plus ``openvino/openvino_model.xml``, the
+same graph as OpenVINO IR in fp32, sentence-transformers' OpenVINO layout (``backend="openvino"`` where
+optimum-intel is installed).
 
 ``load_export`` runs such a folder here: sentence-transformers' preprocessing, prompts, sides, pooling and
 normalisation, with the transformer's forward pass in onnxruntime (or OpenVINO)."""
@@ -23,6 +24,7 @@ import inspect
 import json
 import os
 import shutil
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -132,13 +134,14 @@ def trace_onnx(merged_folder: str | Path, out: str | Path) -> Path:
 
 
 def save_onnx(merged_folder: str | Path, out: str | Path, int8: bool = False, traced: str | Path | None = None) -> Path:
-    """``onnx`` (or ``onnx_int8``): a copy of the fp32 merged folder with the transformer's graph in onnx/: the graph
-    of ``traced`` (``trace_onnx`` of the same folder, linked where it can be) when given, else traced here. A 7B
-    trace takes minutes and the model's weights in memory: a job asking for several formats traces once."""
+    """``onnx`` (or ``onnx_int8``): a copy of the fp32 merged folder, less the transformer's weights, with its graph
+    in onnx/: the graph of ``traced`` (``trace_onnx`` of the same folder, linked where it can be) when given, else
+    traced here. A 7B trace takes minutes and the model's weights in memory: a job asking for several formats traces
+    once."""
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)
-    shutil.copytree(merged_folder, out)
+    _copy_without_the_transformers_weights(merged_folder, out)
     graph = out / ONNX_FILE["onnx"]
     graph.parent.mkdir(parents=True, exist_ok=True)
     if traced is not None:
@@ -163,6 +166,21 @@ def save_onnx(merged_folder: str | Path, out: str | Path, int8: bool = False, tr
     return out
 
 
+def _copy_without_the_transformers_weights(merged_folder: str | Path, out: Path) -> None:
+    """The merged folder (config, tokenizer, modules, a Dense head's weights) but the transformer's own weights: the
+    graph holds them, and a 7B model's are 28 GB in fp32 that an ONNX or OpenVINO server never reads."""
+    modules = json.loads((Path(merged_folder) / "modules.json").read_text())
+    transformer = (Path(merged_folder) / modules[0]["path"]).resolve()
+
+    def weights(folder: str, names: list[str]) -> list[str]:
+        if Path(folder).resolve() != transformer:
+            return []
+        return [n for n in names if n.startswith(("model", "pytorch_model")) and n.endswith(
+            (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json"))]
+
+    shutil.copytree(merged_folder, out, ignore=weights)
+
+
 def _link_or_copy(source: Path, target: Path) -> None:
     """A hard link where both are on one file system (a 7B graph's 28 GB of weights are not written twice)."""
     try:
@@ -172,15 +190,16 @@ def _link_or_copy(source: Path, target: Path) -> None:
 
 
 def save_openvino(merged_folder: str | Path, out: str | Path, traced: str | Path | None = None) -> Path:
-    """``openvino``: a copy of the fp32 merged folder with the transformer as OpenVINO IR in openvino/, read from
-    ``traced``'s ONNX graph when given (else traced here): fp32 weights (OpenVINO's own default halves them).
-    Read with ``Core.read_model``, not ``convert_model``, which sends usage telemetry unless opted out."""
+    """``openvino``: a copy of the fp32 merged folder, less the transformer's weights, with the transformer as
+    OpenVINO IR in openvino/, read from ``traced``'s ONNX graph when given (else traced here): fp32 weights
+    (OpenVINO's own default halves them). Read with ``Core.read_model``, not ``convert_model``, which sends usage
+    telemetry unless opted out."""
     ov = _openvino()
 
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)
-    shutil.copytree(merged_folder, out)
+    _copy_without_the_transformers_weights(merged_folder, out)
     graph = Path(traced) / ONNX_FILE["onnx"] if traced is not None else out / "onnx-trace" / "model.onnx"
     if traced is None:
         graph.parent.mkdir()
@@ -294,25 +313,41 @@ class _OpenVinoForward(torch.nn.Module):
 
 def load_onnx(folder: str | Path, fmt: str = "onnx"):
     """An ONNX or OpenVINO export as a sentence-transformers model whose transformer runs in onnxruntime or OpenVINO
-    (``encode``, ``encode_query``, raoe's ``inference_embeddings`` all work on it)."""
+    (``encode``, ``encode_query``, raoe's ``inference_embeddings`` all work on it). No torch transformer is built:
+    the folder holds none of its weights."""
     from encoders.backbone import load_encoder
 
-    model = load_encoder(str(folder), weights=_weights_beside_the_transformer(folder))
-    module = model[0]
     threads = torch.get_num_threads()  # the actor's or replica's CPUs (Ray sets them), not every core of the node
-    if fmt == "openvino":
-        _set_transformer(module, _OpenVinoForward(Path(folder) / OPENVINO_FILE, module.auto_model.config, threads))
-    else:
-        _set_transformer(module, _OnnxForward(Path(folder) / ONNX_FILE[fmt], module.auto_model.config, threads))
-    return model
+
+    def graph(config) -> torch.nn.Module:
+        if fmt == "openvino":
+            return _OpenVinoForward(Path(folder) / OPENVINO_FILE, config, threads)
+        return _OnnxForward(Path(folder) / ONNX_FILE[fmt], config, threads)
+
+    with _graph_in_the_transformers_place(graph):
+        return load_encoder(str(folder))
 
 
-def _weights_beside_the_transformer(folder: str | Path) -> bool:
-    """Whether a module after the transformer holds weights (a Dense head): the folder is then loaded whole, since
-    sentence-transformers puts every module on the device the transformer's weights are on (meta, when they are
-    left on disk), and a Dense head there would lose its weights."""
-    modules = json.loads((Path(folder) / "modules.json").read_text())
-    return any(m["type"].rsplit(".", 1)[-1] not in ("Pooling", "Normalize") for m in modules[1:])
+_LOADING = threading.Lock()
+
+
+@contextlib.contextmanager
+def _graph_in_the_transformers_place(graph):
+    """While a folder loads, sentence-transformers' Transformer module takes ``graph(config)`` as its model instead
+    of ``from_pretrained``'s: its tokenizer, prompts, sides and later modules (a Dense head with its weights) load
+    as for the torch model, and no weights file is read or needed. sentence-transformers has no hook for this (its
+    own ``backend="onnx"`` needs optimum): its loader is replaced for this load alone, one load at a time."""
+    from sentence_transformers.base.modules.transformer import Transformer
+
+    def load_model(self, model_name_or_path, transformer_task, config, backend, is_peft_model, **model_kwargs):
+        return graph(config)
+
+    with _LOADING:
+        original, Transformer._load_model = Transformer._load_model, load_model
+        try:
+            yield
+        finally:
+            Transformer._load_model = original
 
 
 def _set_transformer(module, inner: torch.nn.Module) -> None:
