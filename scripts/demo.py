@@ -13,7 +13,9 @@ sentence 2 where the pair scores at least 4).
 To finish in minutes on 2 cores it subsamples (SIZES below) and says so as it starts; each knob is an environment
 variable, 0 takes all: DEMO_NLI_PAIRS pairs per SNLI split (a seeded sample) are annotated and train Stage 1,
 DEMO_STSB_PAIRS of the 5,749 STS-B train pairs (seeded) train Stage 2, one epoch each at batch 64, Stage 2 at lr 2e-5
-(configs/stage2/minilm-stsb-cpu.yaml: the paper's 5e-5 is for batch 512 and is unstable here); every STS task, and
+(configs/stage2/minilm-stsb-cpu.yaml: the paper's 5e-5 is for batch 512 and is unstable here), each on one worker in
+the job's own process (trainer.num_workers=0: on one machine a Ray Train worker process adds start-up and nothing
+the demo shows; the same training, docs/training.md#in-the-jobs-own-process); every STS task, and
 STS-B dev during training, is scored on its first DEMO_EVAL_PAIRS pairs; each retrieval task is built from the first
 DEMO_QUERIES queries of its split with every candidate of those queries as the corpus. The promotions score the
 evaluations' suite, so they reuse what the evaluations measured. The full-size Stage 1 config is
@@ -89,7 +91,8 @@ def main() -> None:
     print(f"demo: data {data}; subsampled (each knob: 0 takes all): {nli_pairs or 'all'} NLI pairs per SNLI split "
           f"(DEMO_NLI_PAIRS), {stsb_pairs or 'all'} STS-B train pairs (DEMO_STSB_PAIRS), the first "
           f"{eval_pairs or 'all'} pairs of each STS task and of STS-B dev in training (DEMO_EVAL_PAIRS), retrieval "
-          f"tasks of the first {queries or 'all'} queries (DEMO_QUERIES)", flush=True)
+          f"tasks of the first {queries or 'all'} queries (DEMO_QUERIES); Stage 1 and 2 train on one worker in the "
+          f"job's own process (trainer.num_workers=0)", flush=True)
     scores, steps = {}, [
         "annotate SNLI dev+test with the two teachers", "evaluate the student as shipped", "Stage 1 (RAOE)",
         "evaluate S1", "Stage 2 (STS-B)", "evaluate S2", "promote S1 and S2",
@@ -115,6 +118,7 @@ def main() -> None:
         step(3)
         common = ["--set", f"eval.data_dir={senteval}", "--set", f"trainer.storage_path={out}/runs",
                   "--set", f"output_dir={out}/models", "--set", "trainer.epochs=1", "--set", "trainer.global_batch_size=64",
+                  "--set", "trainer.num_workers=0",
                   "--set", "trainer.eval_every=5", "--set", "data.shuffle_seed=0",
                   *(["--set", f"eval.max_pairs={eval_pairs}"] if eval_pairs else [])]
         s1 = submit(head, env, ["ray_jobs/stage1.py", "--config", "configs/stage1/minilm-snli-cpu.yaml",
