@@ -7,10 +7,11 @@ with its own local shuffle), same batch, sequence length (48), objective (CoSENT
 weight decay 0.01, linear warm-up, gradient clipping 1.0), 2 torch threads. The loop is the one Stage 1 and Stage 2
 share; the Stage 2 job runs it here because STS-B carries S without annotation. Pairs per second are
 steady-state: the first two optimizer steps (warm-up, allocator growth) are not timed; each path runs --repeats times
-in turn and its best run counts (this VM's speed drifts over minutes). Four measurements:
+in turn and its best run counts (this VM's speed drifts over minutes). The measurements:
 
   st_trainer   SentenceTransformerTrainer + CoSENTLoss
-  raoe_bare    raoe's loop body (embed, gather, composite objective, strategy step) in a bare process, no Ray
+  raoe_bare    raoe's loop body (embed, gather, composite objective, strategy step) in a bare process, no Ray, its
+               rows drawn as the job's step plan draws them (raoe_bare_file_order: the same in file order)
   raoe_ray     the same loop as a Ray Train job (1 worker) through training.run.run_training
   submit       seconds from `ray job submit` to the job's first optimizer step on a warm local Ray head
 """
@@ -83,9 +84,10 @@ def run_st_trainer(frame, steps: int, batch: int) -> dict:
     return {"pairs_per_second": steady_rate(times, batch), "steps": len(times)}
 
 
-def run_raoe_bare(frame, steps: int, batch: int) -> dict:
+def run_raoe_bare(frame, steps: int, batch: int, order: str = "plan") -> dict:
     """The Ray Train loop's per-step body, called directly: build_encoder, text_pairs_batch (gather is a no-op
-    with one process), CompositeObjective, TorchStrategy."""
+    with one process), CompositeObjective, TorchStrategy; each step's rows drawn as the job's step plan draws them
+    (``order`` "plan": a seeded permutation, the job's seed) or in file order ("file")."""
     import numpy as np
     import torch
 
@@ -109,7 +111,8 @@ def run_raoe_bare(frame, steps: int, batch: int) -> dict:
     objective = CompositeObjective({"cosent": 1.0}, {"cosent": {"tau": TAU}})
     times = []
     for step in range(steps):
-        rows = frame.iloc[step * batch:(step + 1) * batch]
+        rows = frame.iloc[plan.micro_rows(SEED, step, 0, 0) if order == "plan" else slice(step * batch,
+                                                                                          (step + 1) * batch)]
         data = {"text1": rows["sentence1"].to_numpy(), "text2": rows["sentence2"].to_numpy(),
                 "similarity": rows["score"].to_numpy(np.float64)}
         ctx = BatchContext(strategy.module, model, torch.device("cpu"), length_buckets=LENGTH_BUCKETS,
@@ -210,6 +213,7 @@ def main() -> None:
         # disturbed by it (as timeit does).
         paths = [("st_trainer", lambda i: run_st_trainer(frame, steps, args.batch)),
                  ("raoe_bare", lambda i: run_raoe_bare(frame, steps, args.batch)),
+                 ("raoe_bare_file_order", lambda i: run_raoe_bare(frame, steps, args.batch, order="file")),
                  ("raoe_ray", lambda i: run_raoe_ray(frame, steps, args.batch, tmp / f"ray-{i}")),
                  ("raoe_in_process", lambda i: run_raoe_ray(frame, steps, args.batch, tmp / f"local-{i}",
                                                             "trainer.num_workers=0"))]
@@ -244,13 +248,14 @@ def main() -> None:
         f"| raoe loop, bare process | {bare:.1f} | {bare / st:.2f}x |",
         f"| raoe loop under Ray Train (1 worker) | {ray_:.1f} | {ray_ / st:.2f}x |",
         f"| raoe loop in the job's process (trainer.num_workers=0) | {local:.1f} | {local / st:.2f}x |", "",
-        "Every run (pairs/s): " + "; ".join(f"{k} {results[k]['all_runs_pairs_per_second']}"
-                                            for k in ("st_trainer", "raoe_bare", "raoe_ray", "raoe_in_process"))
+        "Every run (pairs/s): " + "; ".join(f"{k} {results[k]['all_runs_pairs_per_second']}" for k in runs)
         + ".",
         f"Ray Train overhead (bare / Ray Train): {bare / ray_:.2f}x (goal <= 1.1x), of which the job's loop in "
-        f"process against the bare step {bare / local:.2f}x (the bare path takes the rows in file order, the job a "
-        f"seeded shuffle of them: other padded lengths per batch) and the Ray Train worker process (in process / Ray "
-        f"Train) {local / ray_:.2f}x. Whole Ray Train job "
+        f"process against the bare step {bare / local:.2f}x and the Ray Train worker process (in process / Ray "
+        f"Train) {local / ray_:.2f}x. The bare step draws its rows as the job's plan does; in file order it ran "
+        f"{results['raoe_bare_file_order']['pairs_per_second']:.1f} pairs/s (the order sets each batch's padded "
+        f"lengths). "
+        f"Whole Ray Train job "
         f"{results['raoe_ray']['job_wall_seconds']:.0f} s including Ray start-up, data validation and export "
         f"({results['raoe_in_process']['job_wall_seconds']:.0f} s in process).",
         f"`ray job submit` to first optimizer step on a local head: {results['submit']['warm_seconds']:.1f} s warm "
