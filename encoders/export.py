@@ -328,26 +328,42 @@ def load_onnx(folder: str | Path, fmt: str = "onnx"):
         return load_encoder(str(folder))
 
 
-_LOADING = threading.Lock()
+_GRAPH = threading.local()  # the graph runtime of the export this thread is loading, if any
+_INSTALLING = threading.Lock()
 
 
 @contextlib.contextmanager
 def _graph_in_the_transformers_place(graph):
-    """While a folder loads, sentence-transformers' Transformer module takes ``graph(config)`` as its model instead
-    of ``from_pretrained``'s: its tokenizer, prompts, sides and later modules (a Dense head with its weights) load
-    as for the torch model, and no weights file is read or needed. sentence-transformers has no hook for this (its
-    own ``backend="onnx"`` needs optimum): its loader is replaced for this load alone, one load at a time."""
+    """While a folder loads on this thread, sentence-transformers' Transformer module takes ``graph(config)`` as its
+    model instead of ``from_pretrained``'s: its tokenizer, prompts, sides and later modules (a Dense head with its
+    weights) load as for the torch model, and no weights file is read or needed. sentence-transformers has no hook
+    for this (its own ``backend="onnx"`` needs optimum): its loader is wrapped once per process, and the wrapper
+    builds the graph only for the thread inside this block (a torch model loading on another thread meanwhile loads
+    its weights)."""
+    with _INSTALLING:
+        _wrap_the_transformer_loader()
+    _GRAPH.build = graph
+    try:
+        yield
+    finally:
+        _GRAPH.build = None
+
+
+def _wrap_the_transformer_loader() -> None:
     from sentence_transformers.base.modules.transformer import Transformer
 
-    def load_model(self, model_name_or_path, transformer_task, config, backend, is_peft_model, **model_kwargs):
-        return graph(config)
+    original = Transformer._load_model
+    if getattr(original, "raoe_graph_aware", False):
+        return
 
-    with _LOADING:
-        original, Transformer._load_model = Transformer._load_model, load_model
-        try:
-            yield
-        finally:
-            Transformer._load_model = original
+    def load_model(self, model_name_or_path, transformer_task, config, backend, is_peft_model, **model_kwargs):
+        build = getattr(_GRAPH, "build", None)
+        if build is None:
+            return original(self, model_name_or_path, transformer_task, config, backend, is_peft_model, **model_kwargs)
+        return build(config)
+
+    load_model.raoe_graph_aware = True
+    Transformer._load_model = load_model
 
 
 def _set_transformer(module, inner: torch.nn.Module) -> None:

@@ -228,6 +228,26 @@ def test_the_openvino_format_is_refused_by_name_where_the_package_is_not_install
                 config(**section)
 
 
+def test_a_torch_model_loading_on_another_thread_during_a_graph_load_gets_its_weights(tmp_path):
+    """The graph takes the transformer's place only for the thread loading the export: a Serve replica or an actor
+    loading a torch model on another thread meanwhile gets its own weights, never a graph."""
+    import threading
+
+    from encoders.export import _graph_in_the_transformers_place
+
+    source = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "source")
+    want, got = load_encoder(str(source)).encode(TEXTS), {}
+
+    def no_graph_here(config):
+        raise AssertionError("a graph was built for a torch load")
+
+    with _graph_in_the_transformers_place(no_graph_here):
+        other = threading.Thread(target=lambda: got.update(emb=load_encoder(str(source)).encode(TEXTS)))
+        other.start()
+        other.join()
+    np.testing.assert_allclose(got["emb"], want, rtol=1e-5, atol=1e-6)
+
+
 def test_a_dense_head_keeps_its_weights_when_the_graph_runs_the_transformer(tmp_path):
     """A model with a Dense module after pooling (as some hub models have): its ONNX export keeps the head's weights
     (the transformer's are in the graph alone) and the graph's embeddings equal the torch model's."""
