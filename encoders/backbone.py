@@ -374,6 +374,20 @@ def load_encoder(path: str | Path, device: str = "cpu"):
     return model
 
 
+def embeddings_by_side(model, texts: list[str], sides: list[str | None], batch_size: int = 64) -> "np.ndarray":  # noqa: F821
+    """``inference_embeddings`` of texts of several sides at once: each side's texts with its own prompt and max
+    length, back in the texts' order."""
+    import numpy as np
+
+    out = None
+    for side in dict.fromkeys(sides):
+        rows = [i for i, s in enumerate(sides) if s == side]
+        part = inference_embeddings(model, [texts[i] for i in rows], batch_size, side)
+        out = np.zeros((len(texts), part.shape[1]), dtype=part.dtype) if out is None else out
+        out[rows] = part
+    return out if out is not None else np.zeros((0, 0), dtype=np.float32)
+
+
 def shipped_prompts(model) -> tuple[str | None, dict[str, str]]:
     """(model.prompt, model.prompts) of a sentence-transformers model raoe did not train (an E5 or BGE from the
     hub): its own prompts (an empty one meaning none, not the default), its default prompt applied to texts of no

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from encoders.backbone import inference_embeddings, load_encoder
+from encoders.backbone import embeddings_by_side, inference_embeddings, load_encoder
 from encoders.devices import EncoderPool, actor_device, pool_resources
 from evaluation.search import normalised
 from evaluation.sts import evaluate_sts
@@ -37,24 +37,13 @@ class SentenceEncoderActor:
         (rows of several sides in one pass; "" for none) replaces the actor's own side, row by row."""
         texts = [str(t) for t in batch["text"]]
         if "side" in batch:
-            emb = self._by_side(texts, [str(s) or None for s in batch["side"]])
+            emb = embeddings_by_side(self.model, texts, [str(s) or None for s in batch["side"]], self.batch_size)
         else:
-            emb = inference_embeddings(self.model, texts, self.batch_size, self.side).astype(np.float32)
+            emb = inference_embeddings(self.model, texts, self.batch_size, self.side)
+        emb = emb.astype(np.float32)
         out = {k: v for k, v in batch.items() if (k != "text" or self.keep_text) and k != "side"}
         out["embedding"] = normalised(emb) if self.normalise else emb
         return out
-
-    def _by_side(self, texts: list[str], sides: list[str | None]) -> np.ndarray:
-        """Each side's rows encoded with its own prompt and max length, back in row order."""
-        parts = {}
-        for side in dict.fromkeys(sides):
-            rows = [i for i, s in enumerate(sides) if s == side]
-            parts[side] = rows, inference_embeddings(self.model, [texts[i] for i in rows], self.batch_size, side)
-        dim = next(iter(parts.values()))[1].shape[1]
-        emb = np.zeros((len(texts), dim), dtype=np.float32)
-        for rows, part in parts.values():
-            emb[rows] = part
-        return emb
 
 
 def ray_encode(model_path: str, sentences: list[str], *, batch_size: int = 64,

@@ -123,6 +123,16 @@ def expect_queries(encodings: Encodings, tasks: list[RetrievalTask]) -> None:
         encodings.expect(task.query_texts, side="query")
 
 
+def suite_encodings(model_path: str, eval_cfg, pool: EncoderPool) -> tuple[Encodings, list[RetrievalTask]]:
+    """A job's encodings of one model and its retrieval tasks (eval_cfg.retrieval, read), every task's queries
+    expected: the job's first scoring (its STS suite) encodes them in the same pass."""
+    from evaluation.encode import Encodings
+
+    encodings, tasks = Encodings(model_path, eval_cfg.batch_size, pool), read_tasks(eval_cfg.retrieval)
+    expect_queries(encodings, tasks)
+    return encodings, tasks
+
+
 def evaluate_retrieval_at(model_path: str, tasks: list[RetrievalTask], dims: list[int | None], *, pool: EncoderPool,
                           batch_size: int = 64, per_query: dict | None = None, method: SearchMethod | None = None,
                           encodings: Encodings | None = None) -> dict[int | None, dict[str, dict[str, float]]]:

@@ -83,9 +83,9 @@ def main(cfg: EvaluateJobConfig) -> dict:
 
     from encoders.devices import gpus_wanted_here
     from encoders.model_uris import is_model_uri, resolve_model
-    from evaluation.encode import Encodings, score_with_ray
+    from evaluation.encode import score_with_ray
     from evaluation.retrieval import dims_table, plot_per_query, retrieval_table
-    from evaluation.retrieval_suite import evaluate_retrieval_at, expect_queries, read_tasks, retrieval_outputs
+    from evaluation.retrieval_suite import evaluate_retrieval_at, retrieval_outputs, suite_encodings
     from evaluation.sts import plot_cosine_vs_gold
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
@@ -101,9 +101,7 @@ def main(cfg: EvaluateJobConfig) -> dict:
     per_query: dict = {}
     scorer = _relation_scorer(model_path, cfg.eval)
     # one encoding of each text for every score: the STS sentences and every task's queries in one pass
-    encodings = Encodings(model_path, cfg.eval.batch_size, cfg.encoder_pool())
-    tasks = read_tasks(cfg.eval.retrieval)
-    expect_queries(encodings, tasks)
+    encodings, tasks = suite_encodings(model_path, cfg.eval, cfg.encoder_pool())
     triples = _read_triples(cfg.eval.triples) if scorer is not None and cfg.eval.triples else []
     encodings.expect(sorted({t[end] for t in triples for end in ("head", "tail")}))
     if scorer is not None and cfg.eval.dims:

@@ -41,16 +41,15 @@ class PromoteJobConfig(EncoderPoolSection):
 
 def main(cfg: PromoteJobConfig) -> dict:
     from encoders.devices import gpus_wanted_here
-    from evaluation.encode import Encodings, score_with_ray
-    from evaluation.retrieval_suite import evaluate_retrieval_at, expect_queries, read_tasks, retrieval_outputs
+    from evaluation.encode import score_with_ray
+    from evaluation.retrieval_suite import evaluate_retrieval_at, retrieval_outputs, suite_encodings
     from runtime.local_ray import ray_session
     from runtime.tracking_store import tracking_uri
     from tracking.promotion import evaluation_key, promote, suite_scores
 
     def suite(path: str) -> dict:
         """The STS sentences and every task's queries in one encoding pass, then each task's corpus and search."""
-        encodings, tasks = Encodings(path, cfg.eval.batch_size, cfg.encoder_pool()), read_tasks(cfg.eval.retrieval)
-        expect_queries(encodings, tasks)
+        encodings, tasks = suite_encodings(path, cfg.eval, cfg.encoder_pool())
         sts = score_with_ray(path, cfg.eval, pool=cfg.encoder_pool(), dim=cfg.dim, encodings=encodings)
         retrieval = evaluate_retrieval_at(path, tasks, [cfg.dim], pool=cfg.encoder_pool(), encodings=encodings,
                                           batch_size=cfg.eval.batch_size, method=cfg.eval.search.method_settings())

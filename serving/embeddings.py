@@ -180,17 +180,11 @@ class EmbeddingServer:
         return await asyncio.get_running_loop().run_in_executor(None, self._encode, requests)
 
     def _encode(self, requests: list[tuple[list[str], str | None]]) -> list[tuple[np.ndarray, str]]:
-        from encoders.backbone import inference_embeddings
+        from encoders.backbone import embeddings_by_side
 
         loaded = self.loaded
-        out: list = [None] * len(requests)
-        for prompt in {p for _, p in requests}:
-            mine = [i for i, (_, p) in enumerate(requests) if p == prompt]
-            texts = [t for i in mine for t in requests[i][0]]
-            vectors = inference_embeddings(loaded.model, texts, self.settings.batch_size, prompt)
-            start = 0
-            for i in mine:
-                n = len(requests[i][0])
-                out[i] = (vectors[start:start + n], loaded.version)
-                start += n
-        return out
+        texts = [t for texts, _ in requests for t in texts]
+        vectors = embeddings_by_side(loaded.model, texts, [p for texts, p in requests for _ in texts],
+                                     self.settings.batch_size)
+        ends = np.cumsum([len(texts) for texts, _ in requests])
+        return [(part, loaded.version) for part in np.split(vectors, ends[:-1])]
