@@ -9,6 +9,13 @@ import time
 from dataclasses import dataclass
 
 
+def report_collected_s() -> float:
+    """How long a worker waits before its fault so that Ray Train's controller has collected its last report: 2.5
+    polls of the controller (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, Ray's default 2 s; the tests poll every 0.2 s), and
+    at least 2 s for a loaded machine."""
+    return max(2.0, 2.5 * float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2")))
+
+
 @dataclass(frozen=True)
 class KillWorkerAfterStep:
     """The last worker SIGKILLs its own process after ``step``, once: not again in the group Ray Train restarts, which
@@ -19,9 +26,9 @@ class KillWorkerAfterStep:
     def __call__(self, *, step: int, rank: int, world: int, resumed: bool) -> None:
         if resumed or step != self.step or rank != world - 1:
             return
-        # Ray Train's controller collects reported checkpoints on its 2 s health-check poll; a worker that dies within
+        # Ray Train's controller collects reported checkpoints on its health-check poll; a worker that dies within
         # that window loses its last report. Wait, as any real run would between reports.
-        time.sleep(5)
+        time.sleep(report_collected_s())
         print(f"[raoe] fault injection: killing worker {rank} (pid {os.getpid()}) after step {step}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -43,7 +50,7 @@ class ShrinkAfterStep:
 
         placeholder = ray.remote(num_cpus=self.cpus)(_Placeholder).options(lifetime="detached").remote()
         placeholder.hold.remote(self.hold_s)
-        time.sleep(5)  # as KillWorkerAfterStep: the controller collects the last report first
+        time.sleep(5)  # as KillWorkerAfterStep: the controller collects the last report first (on Ray's 2 s poll)
         print(f"[raoe] fault injection: {self.cpus} CPUs claimed, killing worker {rank} after step {step}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -3,10 +3,13 @@ and the repeated submission while the head's job agent is not up yet."""
 
 import stat
 
+import pytest
 import ray
 
 from runtime import local_head
 from runtime.local_head import AGENT_NOT_READY, LocalHead, head_env
+
+pytestmark = pytest.mark.own_ray  # `ray stop` ends every Ray here, the shared one too
 
 
 def _fake_ray(folder, script: str):

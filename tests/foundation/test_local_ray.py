@@ -7,6 +7,8 @@ import time
 import psutil
 import pytest
 
+pytestmark = pytest.mark.own_ray  # starts and stops a Ray of its own
+
 
 def listening_addresses(processes):
     found = []

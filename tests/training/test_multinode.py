@@ -5,6 +5,8 @@ them at the same place)."""
 
 import pytest
 
+pytestmark = pytest.mark.own_ray  # a cluster of two nodes instead of the shared Ray
+
 
 @pytest.fixture(scope="module")
 def two_nodes():

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.own_ray  # a Ray of its own, whose workers see the sweep's store
+
 ROOT = Path(__file__).resolve().parents[2]
 GRID = {"objective.rank_margin.margin": [1, 2], "objective.rank_margin.tau": [20]}
 
