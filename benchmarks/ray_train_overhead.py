@@ -84,15 +84,26 @@ def main() -> None:
     if args.paths_only:
         print("RESULT " + json.dumps(measure_paths(args.repeats, args.steps, args.batch)), flush=True)
         return
-    by_niceness = {}
-    for niceness in NICENESS:  # a Ray of its own for each: the niceness is read when Ray starts its workers
-        child = subprocess.run(
-            [sys.executable, __file__, "--paths-only", "--repeats", str(args.repeats), "--steps", str(args.steps),
-             "--batch", str(args.batch)], env={**os.environ, "RAY_worker_niceness": str(niceness)},
-            stdout=subprocess.PIPE, text=True, check=True)
-        by_niceness[niceness] = json.loads(next(line[7:] for line in child.stdout.splitlines()
-                                                if line.startswith("RESULT ")))
+    by_niceness = {niceness: _paths_in_a_ray_of_their_own(niceness, args) for niceness in NICENESS}
     report(by_niceness, metrics_log_ms(), args)
+
+
+def _paths_in_a_ray_of_their_own(niceness: int, args) -> dict[str, list[float]]:
+    """measure_paths in a child process whose Ray starts its workers at ``niceness``; its progress lines shown as
+    they come."""
+    command = [sys.executable, __file__, "--paths-only", "--repeats", str(args.repeats), "--steps", str(args.steps),
+               "--batch", str(args.batch)]
+    with subprocess.Popen(command, env={**os.environ, "RAY_worker_niceness": str(niceness)}, stdout=subprocess.PIPE,
+                          text=True) as child:
+        result = None
+        for line in child.stdout:
+            if line.startswith("RESULT "):
+                result = json.loads(line[len("RESULT "):])
+            elif line.startswith("[bench]"):
+                print(line, end="", flush=True)
+    if child.returncode != 0 or result is None:
+        sys.exit(f"the paths at worker niceness {niceness} failed (exit code {child.returncode})")
+    return result
 
 
 def report(by_niceness: dict, log_ms: float, args) -> None:
