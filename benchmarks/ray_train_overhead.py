@@ -1,7 +1,8 @@
-"""Where Ray Train's step overhead comes from: the training throughput benchmark's three raoe paths (the bare step,
-the job's loop in its own process, the loop on one Ray Train worker), interleaved, once under Ray's default worker
-niceness (15: Ray starts its worker processes at a lower priority than the driver) and once at 0, each in a Ray of
-its own; and the one per-step cost the loop adds to the bare step, the MLflow log of the step's metrics.
+"""Where Ray Train's step overhead comes from: the training throughput benchmark's raoe paths (the bare step on the
+plan's permutation of the file's rows, the bare step on the very rows the job's step takes, the job's loop in its own
+process, the loop on one Ray Train worker), interleaved, once under Ray's default worker niceness (15: Ray starts its
+worker processes at a lower priority than the driver) and once at 0, each in a Ray of its own; and the one per-step
+cost the loop adds to the bare step, the MLflow log of the step's metrics.
 
 Same model, data, batch and threads as ``benchmarks/training_throughput.py`` (MiniLM-L6, STS-B train, batch 64,
 max length 48, 2 torch threads). This VM's speed drifts by tens of percent over minutes, so each path runs
@@ -27,7 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 NICENESS = (15, 0)  # Ray's default for its worker processes, and the driver's own
-PATHS = ("raoe_bare", "raoe_in_process", "raoe_ray")
+# the bare step on the plan's permutation of the file's rows, and on the job's own rows (its reader's content order):
+# the same step with the same padded lengths as the job's
+PATHS = ("raoe_bare", "raoe_bare_job_rows", "raoe_in_process", "raoe_ray")
 
 
 def measure_paths(repeats: int, steps: int, batch: int) -> dict[str, list[float]]:
@@ -45,6 +48,8 @@ def measure_paths(repeats: int, steps: int, batch: int) -> dict[str, list[float]
             for name in PATHS:
                 if name == "raoe_bare":
                     result = throughput.run_raoe_bare(frame, steps, batch)
+                elif name == "raoe_bare_job_rows":
+                    result = throughput.run_raoe_bare(frame, steps, batch, order="job", workdir=tmp / f"rows-{i}")
                 elif name == "raoe_in_process":
                     result = throughput.run_raoe_ray(frame, steps, batch, tmp / f"local-{i}", "trainer.num_workers=0")
                 else:
@@ -120,12 +125,14 @@ def report(by_niceness: dict, log_ms: float, args) -> None:
     for n, runs in by_niceness.items():
         for p, r in runs.items():
             lines.append(f"| {n} | {p} | {', '.join(f'{x:.2f}' for x in r)} | {best[n][p]:.2f} | {median[n][p]:.2f} |")
-    lines += ["", "| worker niceness | bare / Ray Train | bare / in process | in process / Ray Train |", "|---|---|---|---|"]
+    ratios = (("raoe_bare", "raoe_ray"), ("raoe_bare_job_rows", "raoe_ray"), ("raoe_bare", "raoe_bare_job_rows"),
+              ("raoe_bare_job_rows", "raoe_in_process"), ("raoe_in_process", "raoe_ray"))
+    lines += ["", "Ratios of pairs/s, best run (median run):", "",
+              "| worker niceness | " + " | ".join(f"{a} / {b}" for a, b in ratios) + " |",
+              "|---|" + "---|" * len(ratios)]
     for n in by_niceness:
         b, m = best[n], median[n]
-        lines.append(f"| {n} | {b['raoe_bare'] / b['raoe_ray']:.3f}x best, {m['raoe_bare'] / m['raoe_ray']:.3f}x "
-                     f"median | {b['raoe_bare'] / b['raoe_in_process']:.3f}x, {m['raoe_bare'] / m['raoe_in_process']:.3f}x "
-                     f"| {b['raoe_in_process'] / b['raoe_ray']:.3f}x, {m['raoe_in_process'] / m['raoe_ray']:.3f}x |")
+        lines.append(f"| {n} | " + " | ".join(f"{b[x] / b[y]:.3f}x ({m[x] / m[y]:.3f}x)" for x, y in ratios) + " |")
     step_ms = 1000 * args.batch / best[NICENESS[0]]["raoe_bare"]
     lines += ["", f"The loop's per-step MLflow log (7 metrics, local SQLite store): {log_ms:.1f} ms median, "
               f"{100 * log_ms / step_ms:.2f}% of a bare step ({step_ms:.0f} ms).", ""]

@@ -84,10 +84,11 @@ def run_st_trainer(frame, steps: int, batch: int) -> dict:
     return {"pairs_per_second": steady_rate(times, batch), "steps": len(times)}
 
 
-def run_raoe_bare(frame, steps: int, batch: int, order: str = "plan") -> dict:
+def run_raoe_bare(frame, steps: int, batch: int, order: str = "plan", workdir: Path | None = None) -> dict:
     """The Ray Train loop's per-step body, called directly: build_encoder, text_pairs_batch (gather is a no-op
     with one process), CompositeObjective, TorchStrategy; each step's rows drawn as the job's step plan draws them
-    (``order`` "plan": a seeded permutation, the job's seed) or in file order ("file")."""
+    (``order`` "plan": a seeded permutation of the file's rows, the job's seed), in file order ("file"), or the very
+    rows the job's step takes ("job": the job's reader and content order, under ``workdir``; job_rows)."""
     import numpy as np
     import torch
 
@@ -109,12 +110,16 @@ def run_raoe_bare(frame, steps: int, batch: int, order: str = "plan") -> dict:
                       warmup_ratio=0.1)
     strategy = TorchStrategy(model, TrainerConfig(lr=LR, weight_decay=0.01, grad_clip=1.0, bf16=False), plan, 1)
     objective = CompositeObjective({"cosent": 1.0}, {"cosent": {"tau": TAU}})
+    take = job_rows(frame, steps, batch, workdir) if order == "job" else None
     times = []
     for step in range(steps):
-        rows = frame.iloc[plan.micro_rows(SEED, step, 0, 0) if order == "plan" else slice(step * batch,
-                                                                                          (step + 1) * batch)]
-        data = {"text1": rows["sentence1"].to_numpy(), "text2": rows["sentence2"].to_numpy(),
-                "similarity": rows["score"].to_numpy(np.float64)}
+        if take is not None:
+            data = take(plan.micro_rows(SEED, step, 0, 0))
+        else:
+            rows = frame.iloc[plan.micro_rows(SEED, step, 0, 0) if order == "plan" else slice(step * batch,
+                                                                                              (step + 1) * batch)]
+            data = {"text1": rows["sentence1"].to_numpy(), "text2": rows["sentence2"].to_numpy(),
+                    "similarity": rows["score"].to_numpy(np.float64)}
         ctx = BatchContext(strategy.module, model, torch.device("cpu"), length_buckets=LENGTH_BUCKETS,
                            fields=("scores",))
         loss, _ = objective(text_pairs_batch(ctx, data, text_pairs_embed(ctx, data)))
@@ -122,6 +127,24 @@ def run_raoe_bare(frame, steps: int, batch: int, order: str = "plan") -> dict:
         strategy.step()
         times.append(time.perf_counter())
     return {"pairs_per_second": steady_rate(times, batch), "steps": steps}
+
+
+def job_rows(frame, steps: int, batch: int, workdir: Path):
+    """A function from a step's row indices to the rows the Stage 2 job's worker takes for them: the job's own
+    reader and content order (training.run's data phase, training.rows) on the CSV the job reads, so the bare step
+    pads the same texts as the job's step does."""
+    from runtime.local_ray import start_ray
+    from training import run
+    from training.rows import CorpusRows
+
+    cfg = stage2_config(frame, steps, batch, workdir)
+    start_ray()
+    pre = run.preflight(cfg)
+    corpus, _, _ = run._training_data(cfg, pre, workdir / "quarantine.jsonl")
+    if corpus.rows != len(frame):
+        raise RuntimeError(f"the job read {corpus.rows} rows of {len(frame)}")
+    rows = CorpusRows(corpus)
+    return lambda index: {k: v for k, v in rows.take(index).items() if k in ("text1", "text2", "similarity")}
 
 
 def run_raoe_ray(frame, steps: int, batch: int, workdir: Path, *overrides: str) -> dict:
