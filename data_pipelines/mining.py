@@ -15,6 +15,9 @@ after the query's known positives, before any margin (sentence-transformers sear
 largest number of positives per query, and keeps ``range_max`` of them after the margins: its pool depends on the
 other queries); with a teacher, those candidates are re-scored.
 
+Each text is encoded once by the mining model: a known positive the corpus holds is scored from its embedding in
+the index (found by a join on its id), only the others are encoded.
+
 Reading, encoding, searching and writing run in Ray Data; the driver only sees per-batch counts."""
 
 from __future__ import annotations
@@ -190,8 +193,7 @@ def with_ids(table):
     import pyarrow as pa
 
     texts = table["text"].to_pylist()
-    ids = [hashlib.sha1(t.encode("utf-8")).hexdigest()[:16] for t in texts]
-    return pa.table({"id": ids, "text": texts})
+    return pa.table({"id": [text_id(t) for t in texts], "text": texts})
 
 
 def mining_corpus(pairs, corpus_path: str | None, corpus_fmt: str, data_key: str):
@@ -214,15 +216,59 @@ def mining_corpus(pairs, corpus_path: str | None, corpus_fmt: str, data_key: str
 
 
 def positives_by_query(pairs):
-    """One row per distinct query with every positive it has (the known positives mining must not return)."""
+    """One row per distinct query with every positive it has (the known positives mining must not return), and each
+    positive's row in the corpus index where ``pairs`` carry one (``positive_row``, -1 where the index lacks it)."""
     return pairs.groupby("text1").map_groups(_collect_positives, batch_format="numpy")
 
 
 def _collect_positives(group: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    positives = sorted({str(t) for t in group["text2"]})
-    out = np.empty(1, dtype=object)
-    out[0] = positives
-    return {"text1": np.array([str(group["text1"][0])], dtype=object), "positives": out}
+    located = "positive_row" in group
+    row_of = dict(zip((str(t) for t in group["text2"]),
+                      (int(r) for r in group["positive_row"]) if located else [-1] * len(group["text2"])))
+    positives = sorted(row_of)
+    out = {"text1": np.array([str(group["text1"][0])], dtype=object), "positives": np.empty(1, dtype=object)}
+    out["positives"][0] = positives
+    if located:
+        out["positive_rows"] = np.empty(1, dtype=object)
+        out["positive_rows"][0] = np.array([row_of[p] for p in positives], dtype=np.int64)
+    return out
+
+
+def text_id(text: str) -> str:
+    """A corpus text's id in a mining index (with_ids): the same text, the same id."""
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
+
+
+def located_positives(pairs, index: CorpusIndex):
+    """The pairs, each positive with its row in the index (``positive_row``, -1 where the corpus lacks it), by a
+    hash join of the positives' ids with the index's (id, row) table in Ray Data (nothing reaches the driver): a
+    positive the index holds is scored from its stored embedding, never encoded again (with the pairs' own positives
+    as the corpus, none is)."""
+    import ray
+
+    from evaluation.corpus_index import row_ids
+
+    keyed = pairs.map_batches(_with_positive_ids, batch_format="pyarrow")
+    partitions = max(1, min(ray.data.DataContext.get_current().default_hash_shuffle_parallelism,
+                            -(-index.rows // JOIN_PAIRS_PER_PARTITION)))
+    joined = keyed.join(row_ids(index), join_type="left_outer", num_partitions=partitions, on=("positive_id",),
+                        right_on=("id",))
+    return joined.map_batches(_row_or_missing, batch_format="pyarrow")
+
+
+def _with_positive_ids(table):
+    import pyarrow as pa
+
+    return pa.table({"text1": table["text1"], "text2": table["text2"],
+                     "positive_id": pa.array([text_id(t) for t in table["text2"].to_pylist()], pa.string())})
+
+
+def _row_or_missing(table):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pa.table({"text1": table["text1"], "text2": table["text2"],
+                     "positive_row": pc.fill_null(table["row"], -1).cast(pa.int64())})
 
 
 def _unit_embeddings(model, texts: list[str], batch_size: int, side: str) -> np.ndarray:
@@ -233,33 +279,45 @@ def _unit_embeddings(model, texts: list[str], batch_size: int, side: str) -> np.
     return normalised(inference_embeddings(model, texts, batch_size, side))
 
 
-def _scores_of_positives(model, q_emb: np.ndarray, positives: list[list[str]], batch_size: int) -> list[np.ndarray]:
-    """Each query's score with each of its known positives, every distinct positive of the batch encoded once."""
-    documents = list(dict.fromkeys(p for known in positives for p in known))
-    document_emb = _unit_embeddings(model, documents, batch_size, "document")
-    row_of = {text: k for k, text in enumerate(documents)}
-    return [document_emb[[row_of[p] for p in known]] @ q_emb[i] for i, known in enumerate(positives)]
+def _scores_of_positives(model, index: CorpusIndex, q_emb: np.ndarray, positives: list[list[str]],
+                         rows: list[np.ndarray], batch_size: int) -> tuple[list[np.ndarray], int]:
+    """(Each query's score with each of its known positives, how many texts were encoded for them): a positive the
+    index holds (its row >= 0) is read from it, every other distinct positive of the batch encoded once."""
+    stored = np.unique(np.concatenate([r[r >= 0] for r in rows] + [np.zeros(0, np.int64)]))
+    documents = list(dict.fromkeys(p for known, at in zip(positives, rows) for p, r in zip(known, at) if r < 0))
+    emb_of_row = dict(zip(stored.tolist(), index.embeddings(stored)))
+    emb_of_text = dict(zip(documents, _unit_embeddings(model, documents, batch_size, "document"))) if documents else {}
+    scores = [np.array([(emb_of_row[int(r)] if r >= 0 else emb_of_text[p]) @ q_emb[i] for p, r in zip(known, at)],
+                       dtype=np.float32) for i, (known, at) in enumerate(zip(positives, rows))]
+    return scores, len(documents)
 
 
 class QueryEncoder:
-    """Phase 1, a Ray Data actor: each query's unit embedding and its scores with its known positives by the mining
-    model (loaded once per actor)."""
+    """Phase 1, a Ray Data actor: each query's unit embedding and, without a teacher (which scores them itself in
+    phase 3), its scores with its known positives by the mining model (loaded once per actor), from the index's
+    stored embeddings where it holds them."""
 
     def __init__(self, settings: MiningSettings):
         from encoders.backbone import load_encoder
 
         self.s = settings
         self.model = load_encoder(settings.model_path, device=actor_device(settings.gpus))
+        self.index = CorpusIndex.at(settings.index_path) if not settings.teacher_path else None
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         queries = [str(q) for q in batch["text1"]]
         positives = [list(p) for p in batch["positives"]]
         q_emb = _unit_embeddings(self.model, queries, self.s.batch_size, "query")
-        scores = np.empty(len(queries), dtype=object)
-        scores[:] = [np.asarray(p, dtype=np.float32) for p in
-                     _scores_of_positives(self.model, q_emb, positives, self.s.batch_size)]
+        scores, encoded = np.empty(len(queries), dtype=object), 0
+        if self.index is None:  # the teacher's scores replace them
+            scores[:] = [np.zeros(0, dtype=np.float32)] * len(queries)
+        else:
+            rows = [np.asarray(r, dtype=np.int64) for r in batch["positive_rows"]] if "positive_rows" in batch \
+                else [np.full(len(p), -1, dtype=np.int64) for p in positives]
+            found, encoded = _scores_of_positives(self.model, self.index, q_emb, positives, rows, self.s.batch_size)
+            scores[:] = found
         return {"text1": batch["text1"], "positives": batch["positives"], "query_embedding": q_emb,
-                "positive_scores": scores}
+                "positive_scores": scores, "positives_encoded": np.array([encoded] + [0] * (len(queries) - 1))}
 
 
 def _search_candidates(batch: dict[str, np.ndarray], actors: list, rows: int, range_max: int,
@@ -273,7 +331,8 @@ def _search_candidates(batch: dict[str, np.ndarray], actors: list, rows: int, ra
     scores, found = SearchActors(actors, rows, method).search(batch["query_embedding"], range_max + widest)
     listed = lambda values: np.array([v[r >= 0] for v, r in zip(values, found)] + [None], dtype=object)[:-1]  # noqa: E731
     return {"text1": batch["text1"], "positives": batch["positives"],
-            "positive_scores": batch["positive_scores"], "candidate_rows": listed(found),
+            "positive_scores": batch["positive_scores"], "positives_encoded": batch["positives_encoded"],
+            "candidate_rows": listed(found),
             "candidate_scores": listed(scores)}
 
 
@@ -302,7 +361,8 @@ class NegativeMiner:
         if self.teacher is not None:
             pos_scores_of, cand_scores_of = self._teacher_scores(queries, positives, found_of)
         out = {k: [] for k in GROUP_COLUMNS + ("batch_stats",)}
-        stats = {"queries": 0, "pairs": 0, "without_negative": 0, "dropped_by_margin": 0}
+        stats = {"queries": 0, "pairs": 0, "without_negative": 0, "dropped_by_margin": 0,
+                 "positives_encoded": int(np.sum(batch["positives_encoded"]))}
         for query, known, found, pos_scores, cand_scores in zip(queries, positives, found_of, pos_scores_of,
                                                                 cand_scores_of):
             candidates = [t for t, _ in found]
@@ -362,6 +422,8 @@ def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool,
     method = method or SearchMethod()
     actors = ray.data.ActorPoolStrategy(size=pool.actors)
     resources = pool_resources(pool.cpus_per_actor, pool.gpus_per_actor)
+    if not settings.teacher_path:  # the mining model scores the positives: from the index where it holds them
+        pairs = located_positives(pairs, index)
     groups = positives_by_query(pairs).materialize()  # tasks done before the actors take the CPUs
     encoded = groups.map_batches(QueryEncoder, fn_constructor_kwargs={"settings": settings},
                                  batch_size=queries_per_batch, compute=actors, **resources).materialize()
@@ -407,6 +469,7 @@ def mining_report(mined) -> dict:
         return pa.table({"queries": [sum(s["queries"] for s in stats)], "pairs": [sum(s["pairs"] for s in stats)],
                          "without_negative": [sum(s["without_negative"] for s in stats)],
                          "dropped_by_margin": [sum(s["dropped_by_margin"] for s in stats)],
+                         "positives_encoded": [sum(s["positives_encoded"] for s in stats)],
                          "written": [written.num_rows], "negatives": [len(flat("negatives"))],
                          "pos": [np.histogram(flat("positive_scores"), HISTOGRAM_BINS)[0].tolist()],
                          "neg": [np.histogram(flat("negative_scores"), HISTOGRAM_BINS)[0].tolist()]})
@@ -417,6 +480,7 @@ def mining_report(mined) -> dict:
             "negatives_written": sum(int(p["negatives"]) for p in parts),
             "rows_without_negative": sum(int(p["without_negative"]) for p in parts),
             "candidates_dropped_by_margin": sum(int(p["dropped_by_margin"]) for p in parts),
+            "positives_encoded": sum(int(p["positives_encoded"]) for p in parts),
             "histogram": {"bins": HISTOGRAM_BINS.tolist(),
                           "positive": np.sum([p["pos"] for p in parts], axis=0).astype(int).tolist(),
                           "negative": np.sum([p["neg"] for p in parts], axis=0).astype(int).tolist()}}

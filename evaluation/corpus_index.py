@@ -84,16 +84,44 @@ class CorpusIndex:
         through its memory map, so only the pages of those rows are touched."""
         import pyarrow as pa
 
+        rows = self._checked(rows)
+        out = np.empty(len(rows), dtype=object)
+        for shard, here, local in self._by_shard(rows):
+            out[here] = self._table(shard).column(name).take(pa.array(local)).to_pylist()
+        return out.tolist()
+
+    def embeddings(self, rows) -> np.ndarray:
+        """The stored unit embeddings of the given row numbers, in their order (float32), read through the shards'
+        memory maps: a text the index holds is never encoded again (mining scores a query's known positives so)."""
+        rows = self._checked(rows)
+        out = np.empty((len(rows), int(self.meta["dim"])), dtype=np.float32)
+        for shard, here, local in self._by_shard(rows):
+            out[here] = np.load(self.path / f"{self.meta['shards'][shard]}.npy", mmap_mode="r")[local]
+        return out
+
+    def _checked(self, rows) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64).ravel()
         if len(rows) and (rows.min() < 0 or rows.max() >= self.rows):
             raise IndexError(f"row numbers must lie in [0, {self.rows}) of {self.path}")
-        out = np.empty(len(rows), dtype=object)
+        return rows
+
+    def _by_shard(self, rows: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """(shard number, which of ``rows`` it holds, their row numbers within it) for each shard ``rows`` touch."""
         shard_of = np.searchsorted(self._offsets, rows, side="right") - 1
         for shard in np.unique(shard_of):
             here = shard_of == shard
-            column = self._table(int(shard)).column(name)
-            out[here] = column.take(pa.array(rows[here] - self._offsets[shard])).to_pylist()
-        return out.tolist()
+            yield int(shard), here, rows[here] - self._offsets[shard]
+
+    def ids_and_rows(self, first_shard: int, shards: int):
+        """(id, row number) of every row of ``shards`` shards from ``first_shard``, as an Arrow table: what a join
+        by id with the index needs (row_ids)."""
+        import pyarrow as pa
+
+        parts = [pa.table({"id": self._table(s).column("id").cast(pa.string()),
+                           "row": pa.array(np.arange(self._offsets[s], self._offsets[s + 1], dtype=np.int64))})
+                 for s in range(first_shard, min(first_shard + shards, len(self.meta["shards"])))]
+        return pa.concat_tables(parts) if parts else pa.table({"id": pa.array([], pa.string()),
+                                                               "row": pa.array([], pa.int64())})
 
     @cached_property
     def _offsets(self) -> np.ndarray:
@@ -112,6 +140,26 @@ class CorpusIndex:
             source = pa.memory_map(str(self.path / f"{self.meta['shards'][shard]}.arrow"), "r")
             self._tables[shard] = pa.ipc.open_file(source).read_all()  # zero-copy: pages stay in the file cache
         return self._tables[shard]
+
+
+def row_ids(index: CorpusIndex, shards_per_task: int = 8):
+    """A Ray Dataset of (``id``, ``row``) for every row of ``index``, read from its shards' id columns by tasks (on
+    object storage from each node's copy): joined with other rows by id, it tells where the index holds a text
+    without any id or row reaching the driver."""
+    import ray
+
+    starts = [{"first_shard": s} for s in range(0, len(index.meta["shards"]), shards_per_task)]
+    return ray.data.from_items(starts or [{"first_shard": 0}]).map_batches(
+        _ids_and_rows, fn_kwargs={"location": index.location, "shards": shards_per_task}, batch_size=1,
+        batch_format="pyarrow")
+
+
+def _ids_and_rows(batch, location: str, shards: int):
+    import pyarrow as pa
+
+    index = CorpusIndex.at(location)
+    return pa.concat_tables([index.ids_and_rows(int(first), shards)
+                             for first in batch["first_shard"].to_pylist()])
 
 
 def index_outputs() -> dict[str, str]:

@@ -120,6 +120,7 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
     assert result["rows_in"] == len(pairs) and result["pairs_in"] == len({(r["query"], r["positive"]) for r in pairs})
     assert result["queries_in"] == len(known) and result["pairs_in"] > len(known)  # queries with two positives
     assert result["rows_without_negative"] == without and result["candidates_dropped_by_margin"] == dropped
+    assert result["positives_encoded"] == 0  # the teacher scores the positives: the mining model encodes none
     assert sum(result["histogram"]["negative"]) == result["negatives_written"]
     for group in written:  # every positive of the query, at most negatives_per_row negatives, the teacher's scores
         assert set(group["positives"]) == known[group["query"]] and 1 <= len(group["negatives"]) <= 2
@@ -160,6 +161,7 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_lo
                                             {"range_max": 40, "absolute_margin": 0.01, "negatives_per_row": 2})
     assert result["rows_in"] == len(rows) and result["pairs_in"] == len(entailed)
     assert result["corpus_rows"] == len({p for _, p in entailed})
+    assert result["positives_encoded"] == 0  # each positive scored from its embedding in the index (on S3)
     assert result["output_path"] == s3.uri("mined/data") and result["plot"] == s3.uri("mined/scores.png")
     assert result["index_path"].startswith(s3.uri("indexes/")) and len(list((tmp_path / "node").glob("index-*/"))) == 1
     assert storage_path(result["plot"]).read_bytes().startswith(b"\x89PNG")
@@ -215,7 +217,8 @@ def test_single_positive_queries_mine_what_sentence_transformers_mines(ray_local
     """The same exported model, pairs and corpus through sentence-transformers' mine_hard_negatives (range_min,
     absolute_margin, num_negatives; range_max above the corpus size, where the two tools' candidate pools differ by
     design, see data_pipelines/mining.py): the same negatives, in the same order, with the same scores, for every
-    query with one positive; a query with two is held to the lowest."""
+    query with one positive; a query with two is held to the lowest. The positives, in the corpus, are scored from
+    the index's stored embeddings, never encoded again, and score as sentence-transformers' encoded ones."""
     from datasets import Dataset
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import mine_hard_negatives
@@ -252,6 +255,8 @@ def test_single_positive_queries_mine_what_sentence_transformers_mines(ray_local
     for row in single:
         assert ours[row["query"]]["negatives"] == row["positive"][1:]
         assert ours[row["query"]]["negative_scores"] == pytest.approx(row["scores"][1:], abs=1e-5)
+        assert ours[row["query"]]["positive_scores"] == pytest.approx(row["scores"][:1], abs=1e-5)
+    assert result["positives_encoded"] == 0
     assert {q for q, n in counts.items() if n == 1} & set(ours) == {row["query"] for row in single}
     assert any(len(ours[q]["positives"]) == 2 for q in ours)  # two positives: one group, the lowest one's margin
 
@@ -353,3 +358,46 @@ def test_a_beir_folder_mines_groups_for_its_judged_pairs_among_its_corpus(ray_lo
         f.write(json.dumps({"_id": "d99", "title": "", "text": "found now"}) + "\n")
     with pytest.raises(ValueError, match=r"holds 1 judged document id\(s\) more than once, e.g. \['d3'\]"):
         beir_pairs(str(lacking), "train")
+
+
+def test_positives_the_index_holds_are_read_from_it_and_only_the_others_encoded(ray_local, tmp_path):
+    """The join of the pairs' positives with the index's (id, row) table finds each held positive's row across
+    shards (-1 for one the corpus lacks), and the positives' scores from the stored embeddings equal those of
+    encoding them, with only the missing ones encoded (each once)."""
+    import ray
+
+    from data_pipelines.mining import _scores_of_positives, located_positives, text_id
+    from encoders.backbone import build_encoder, inference_embeddings
+    from encoders.sources import resolve_model_source
+    from evaluation.corpus_index import CorpusIndex, write_shard
+    from evaluation.search import normalised
+
+    model = build_encoder(resolve_model_source("tiny:bert"), max_length=32)
+    held = [f"{a} {b} {c}" for a, b, c in zip(WORDS, WORDS[3:], WORDS[7:])]
+    lacking = ["violin in the desert", "a harbor at night"]
+    emb = normalised(inference_embeddings(model, held, side="document"))
+    folder = tmp_path / "index"
+    folder.mkdir()
+    shards = [write_shard({"id": np.array([text_id(t) for t in held[s]], dtype=object), "embedding": emb[s],
+                           "text": np.array(held[s], dtype=object)}, str(folder))
+              for s in (slice(0, 5), slice(5, None))]  # two shards: rows of the second are offset by the first
+    (folder / "meta.json").write_text(json.dumps({"model_path": "tiny:bert", "corpus": "test", "rows": len(held),
+                                                  "dim": emb.shape[1], "shards": [s["shard"][0] for s in shards],
+                                                  "text": True}))
+    index = CorpusIndex.at(str(folder))
+    pairs = [{"text1": f"query {i}", "text2": t} for i, t in enumerate(held[3:9] + lacking)]
+    located = located_positives(ray.data.from_items(pairs), index).take_all()
+    row_of = {r["text2"]: r["positive_row"] for r in located}
+    assert len(located) == len(pairs) and all(row_of[t] == -1 for t in lacking)
+    assert all(index.take("text", [row_of[t]]) == [t] for t in held[3:9])  # both shards' rows, by their offsets
+
+    queries = ["a silver engine", "bread and music"]
+    q_emb = normalised(inference_embeddings(model, queries, side="query"))
+    positives = [[held[4], lacking[0], held[7]], [lacking[0], held[8], lacking[1]]]
+    rows = [np.array([row_of.get(p, -1) for p in known]) for known in positives]
+    scores, encoded = _scores_of_positives(model, index, q_emb, positives, rows, batch_size=4)
+    direct = [normalised(inference_embeddings(model, known, side="document")) @ q_emb[i]
+              for i, known in enumerate(positives)]
+    assert encoded == 2  # the two lacking texts, lacking[0] once for both queries
+    for got, want in zip(scores, direct):
+        np.testing.assert_allclose(got, want, atol=1e-5)
