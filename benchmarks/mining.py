@@ -169,9 +169,12 @@ def main() -> None:
                      f"{100 * same / max(1, len(common)):.1f}% of them (they differ where scores tie closely).")
     if cold:
         payload.update(raoe_rows_without_negative=cold["rows_without_negative"],
-                       raoe_candidates_dropped_by_margin=cold["candidates_dropped_by_margin"])
+                       raoe_candidates_dropped_by_margin=cold["candidates_dropped_by_margin"],
+                       raoe_positives_encoded=cold.get("positives_encoded"))
         lines.append(f"- raoe: {cold['rows_without_negative']:,} queries without a negative under the margin, "
-                     f"{cold['candidates_dropped_by_margin']:,} candidates dropped by it.")
+                     f"{cold['candidates_dropped_by_margin']:,} candidates dropped by it; "
+                     f"{cold.get('positives_encoded', 0):,} positives encoded beside the corpus (the others scored "
+                     "from the index).")
     name = f"mining_{n}" if args.synthetic else "mining"
     print(write_results(name, payload, "\n".join(lines) + "\n").read_text())
 

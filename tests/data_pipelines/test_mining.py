@@ -82,7 +82,8 @@ def _reference(model_dir, pairs, corpus, rules: dict, teacher_dir=None):
 def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_path, monkeypatch):
     """Relative margin against each query's lowest positive, range_min, a teacher re-scoring (the tiny model pooled
     by its last token: other scores, so other candidates pass the margin than the mining model's own scores would let
-    through); the mining model has query and document prompts, which the reference applies by side."""
+    through) from its own index of the corpus, row for row the mining model's; the mining model has query and
+    document prompts, which the reference applies by side."""
     from encoders.backbone import build_encoder, export_encoder
     from encoders.sources import resolve_model_source
 
@@ -120,7 +121,20 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
     assert result["rows_in"] == len(pairs) and result["pairs_in"] == len({(r["query"], r["positive"]) for r in pairs})
     assert result["queries_in"] == len(known) and result["pairs_in"] > len(known)  # queries with two positives
     assert result["rows_without_negative"] == without and result["candidates_dropped_by_margin"] == dropped
-    assert result["positives_encoded"] == 0  # the teacher scores the positives: the mining model encodes none
+    assert result["positives_encoded"] == 0  # every positive is in the corpus: both models read it from their index
+    # The teacher encoded the corpus once, into an index of the same rows as the mining model's (cached beside it):
+    # row r of both is one text, and the teacher's stored embedding of it is its own encoding.
+    from encoders.backbone import inference_embeddings, load_encoder
+    from evaluation.corpus_index import CorpusIndex
+    from evaluation.search import normalised
+
+    metas = {f.parent: json.loads(f.read_text()) for f in (tmp_path / "cache").rglob("meta.json")}
+    aligned = [CorpusIndex.at(str(folder)) for folder, meta in metas.items() if meta.get("aligned_with")]
+    assert len(metas) == 2 and len(aligned) == 1 and aligned[0].meta["model_path"] == str(teacher)
+    own = CorpusIndex.at(aligned[0].meta["aligned_with"])
+    rows = np.arange(own.rows)
+    encoded = normalised(inference_embeddings(load_encoder(teacher), own.take("text", rows), side="document"))
+    np.testing.assert_allclose(aligned[0].embeddings(rows), encoded, atol=1e-5)
     assert sum(result["histogram"]["negative"]) == result["negatives_written"]
     for group in written:  # every positive of the query, at most negatives_per_row negatives, the teacher's scores
         assert set(group["positives"]) == known[group["query"]] and 1 <= len(group["negatives"]) <= 2
