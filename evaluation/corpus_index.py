@@ -192,17 +192,35 @@ def corpus_index(corpus, model_path: str, corpus_key: str, *, pool: EncoderPool,
                  keep_text: bool = False, root: str | Path | None = None) -> CorpusIndex:
     """The index of ``corpus`` (a Ray Dataset of ``id``, ``text``) under ``model_path``: read from the cache, or
     built by the actor pool and cached."""
-    root = str(root or index_root())
-    key = index_key(model_path, corpus_key, keep_text)
-    index = _on_object_storage(corpus, model_path, corpus_key, join(root, key), pool, batch_size, keep_text) \
-        if is_uri(root) else _on_file_system(corpus, model_path, corpus_key, Path(root) / key, pool, batch_size,
-                                             keep_text)
+    return _cached(str(root or index_root()), index_key(model_path, corpus_key, keep_text),
+                   lambda folder: _write_index(corpus, model_path, corpus_key, folder, pool, batch_size, keep_text))
+
+
+def aligned_index(index: CorpusIndex, model_path: str, *, pool: EncoderPool, batch_size: int = 64,
+                  root: str | Path | None = None) -> CorpusIndex:
+    """``index``'s rows encoded by another model (a teacher), shard for shard and in its order: row r of both holds
+    the same text, so the other model's score of any row a search of ``index`` found is read by its row number, and
+    each corpus text is encoded once by that model however many queries find it. Cached like any index, keyed by
+    ``index``'s own key (its model and corpus) and the other model's files; ``index`` must keep its texts."""
+    if not index.meta.get("text"):
+        raise ValueError(f"{index.location}: an aligned index encodes the texts of an index that keeps them")
+    spec = {"aligned_with": index.location.rstrip("/").rsplit("/", 1)[-1], "model": model_fingerprint(model_path),
+            "format": INDEX_FORMAT}
+    key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
+    return _cached(str(root or index_root()), key,
+                   lambda folder: _write_aligned(index, model_path, folder, pool, batch_size))
+
+
+def _cached(root: str, key: str, write) -> CorpusIndex:
+    """The index ``key`` under ``root``: read from the cache, or written by ``write(folder)`` and cached; the cache
+    then trimmed to its size limit."""
+    found = _on_object_storage(write, join(root, key)) if is_uri(root) else _on_file_system(write, Path(root) / key)
     limit = os.environ.get(MAX_GB_ENV)
-    if limit and index.built:
+    if limit and found.built:
         removed = evict_least_recent(root, float(limit), keep=key)
         if removed:
             print(f"[raoe] corpus-index cache {root}: removed {', '.join(removed)}", flush=True)
-    return index.index
+    return found.index
 
 
 @dataclass(frozen=True)
@@ -211,8 +229,7 @@ class _Found:
     built: bool  # by this call (the only time the cache grows)
 
 
-def _on_file_system(corpus, model_path: str, corpus_key: str, target: Path, pool: EncoderPool, batch_size: int,
-                    keep_text: bool) -> _Found:
+def _on_file_system(write, target: Path) -> _Found:
     """A local or shared folder: built in a staging folder renamed into place (a finished index wins)."""
     if target.exists():
         problem = index_problem(target)
@@ -225,12 +242,11 @@ def _on_file_system(corpus, model_path: str, corpus_key: str, target: Path, pool
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_builds(target.parent)
     with building(target) as staging:
-        _write_index(corpus, model_path, corpus_key, str(staging), pool, batch_size, keep_text)
+        write(str(staging))
     return _Found(CorpusIndex.at(str(target)), built=True)
 
 
-def _on_object_storage(corpus, model_path: str, corpus_key: str, target: str, pool: EncoderPool, batch_size: int,
-                       keep_text: bool) -> _Found:
+def _on_object_storage(write, target: str) -> _Found:
     """An object-store prefix (no rename there): the actors write uniquely named shards into it and meta.json,
     written last, commits the index; a build racing another commits its own shards, never a mix. Checked whole on
     this node's copy; one that lost a file is built again."""
@@ -248,7 +264,7 @@ def _on_object_storage(corpus, model_path: str, corpus_key: str, target: str, po
         remove_tree(storage_path(target))  # its meta.json names what is not there: no job can search it
         if index is not None:
             shutil.rmtree(index.path, ignore_errors=True)
-    _write_index(corpus, model_path, corpus_key, target, pool, batch_size, keep_text)
+    write(target)
     return _Found(CorpusIndex.at(target), built=True)
 
 
@@ -261,6 +277,47 @@ def _write_index(corpus, model_path: str, corpus_key: str, folder: str, pool: En
         "model_path": model_path, "corpus": corpus_key, "rows": int(sum(s["rows"] for s in shards)),
         "dim": dims.pop() if dims else 0, "shards": [s["shard"] for s in shards], "text": keep_text}))
     _record_use(folder)
+
+
+def _write_aligned(index: CorpusIndex, model_path: str, folder: str, pool: EncoderPool, batch_size: int) -> None:
+    """Each shard of ``index`` encoded by the actor pool into a shard of the same name and rows, then meta.json (the
+    same shard list, so the same row numbers)."""
+    import ray
+
+    names = list(index.meta["shards"])
+    written = ray.data.from_items([{"shard": i} for i in range(len(names))], override_num_blocks=len(names)
+                                  ).map_batches(
+        AlignedShardWriter, batch_size=1, compute=ray.data.ActorPoolStrategy(size=pool.actors),
+        fn_constructor_kwargs={"location": index.location, "model_path": model_path, "batch_size": batch_size,
+                               "gpus": pool.gpus_per_actor, "folder": folder},
+        **pool_resources(pool.cpus_per_actor, pool.gpus_per_actor)).take_all() if names else []
+    dims = {int(s["dim"]) for s in written}
+    writable_path(join(folder, "meta.json")).write_text(json.dumps({
+        "model_path": model_path, "corpus": index.meta["corpus"], "rows": index.rows,
+        "dim": dims.pop() if dims else 0, "shards": names, "text": False, "aligned_with": index.location}))
+    _record_use(folder)
+
+
+class AlignedShardWriter:
+    """A Ray Data actor: a shard of another index, its texts encoded by this model (unit length) into a shard of
+    the same name and row order."""
+
+    def __init__(self, location: str, model_path: str, batch_size: int, gpus: float, folder: str):
+        from evaluation.encode import SentenceEncoderActor
+
+        self.index = CorpusIndex.at(location)
+        self.encoder = SentenceEncoderActor(model_path, batch_size, gpus, normalise=True, side="document")
+        self.folder = folder
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
+        out = {"shard": [], "rows": [], "dim": []}
+        for shard in batch["shard"]:
+            table = self.index._table(int(shard))
+            rows = {name: np.array(table.column(name).to_pylist(), dtype=object) for name in ("id", "text")}
+            written = write_shard(self.encoder(rows), self.folder, name=self.index.meta["shards"][int(shard)])
+            for key in out:
+                out[key] += written[key]
+        return out
 
 
 def _record_use(folder: str) -> None:
@@ -365,11 +422,12 @@ class ShardWriter:
         return write_shard(self.encoder(batch), self.folder)
 
 
-def write_shard(batch: dict[str, np.ndarray], folder: str) -> dict[str, list]:
-    """One shard's files from a batch of encoded rows (``id``, ``embedding``, ``text`` when kept)."""
+def write_shard(batch: dict[str, np.ndarray], folder: str, name: str | None = None) -> dict[str, list]:
+    """One shard's files from a batch of encoded rows (``id``, ``embedding``, ``text`` when kept), named ``name``
+    (an aligned index's: its source shard's) or uniquely."""
     import pyarrow as pa
 
-    name = uuid.uuid4().hex
+    name = name or uuid.uuid4().hex
     emb = np.ascontiguousarray(batch["embedding"], dtype=np.float32)
     with writable_path(join(folder, f"{name}.npy")).open("wb") as sink:  # a local folder or an object store
         np.save(sink, emb)
