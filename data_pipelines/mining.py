@@ -16,9 +16,10 @@ largest number of positives per query, and keeps ``range_max`` of them after the
 other queries); with a teacher, those candidates are re-scored.
 
 Each text is encoded once by each model: a known positive the corpus holds is scored from its embedding in the index
-(found by a join on its id), only the others are encoded; a teacher encodes the corpus once into an index of the same
-rows (cached like the mining model's), and its scores of the candidates and positives are read from it by row,
-however many queries find a text.
+(found by a join on its id, its text checked), only the others are encoded. Where the queries may find every corpus
+text (corpus rows <= queries x range_max), a teacher encodes the corpus once into an index of the same rows (cached
+like the mining model's) and its scores of the candidates and positives are read from it by row, however many queries
+find a text; a larger corpus is not encoded whole: each batch's teacher encodes the candidates its queries found.
 
 Reading, encoding, searching and writing run in Ray Data; the driver only sees per-batch counts."""
 
@@ -240,7 +241,7 @@ def text_id(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
 
 
-def located_positives(pairs, index: CorpusIndex):
+def located_positives(pairs, index: CorpusIndex, pairs_count: int | None = None):
     """The pairs, each positive with its row in the index (``positive_row``, -1 where the corpus lacks it), by a
     hash join of the positives' ids with the index's (id, row) table in Ray Data (nothing reaches the driver): a
     positive the index holds is scored from its stored embedding, never encoded again (with the pairs' own positives
@@ -251,7 +252,7 @@ def located_positives(pairs, index: CorpusIndex):
 
     keyed = pairs.map_batches(_with_positive_ids, batch_format="pyarrow")
     partitions = max(1, min(ray.data.DataContext.get_current().default_hash_shuffle_parallelism,
-                            -(-index.rows // JOIN_PAIRS_PER_PARTITION)))
+                            -(-max(index.rows, pairs_count or 0) // JOIN_PAIRS_PER_PARTITION)))
     joined = keyed.join(row_ids(index), join_type="left_outer", num_partitions=partitions, on=("positive_id",),
                         right_on=("id",))
     return joined.map_batches(_row_or_missing, batch_format="pyarrow")
@@ -280,13 +281,24 @@ def _unit_embeddings(model, texts: list[str], batch_size: int, side: str) -> np.
     return normalised(inference_embeddings(model, texts, batch_size, side))
 
 
-def _scores_of_positives(model, index: CorpusIndex, q_emb: np.ndarray, positives: list[list[str]],
+def held_rows(index: CorpusIndex, positives: list[list[str]], rows: list[np.ndarray]) -> list[np.ndarray]:
+    """``rows`` with -1 wherever the index's text at a row is not the positive's (ids are 64-bit text hashes: a
+    collision must not score a positive by another text's embedding); one read of the batch's distinct rows."""
+    stored = np.unique(np.concatenate([r[r >= 0] for r in rows] + [np.zeros(0, np.int64)]))
+    text_of = dict(zip(stored.tolist(), index.take("text", stored)))
+    return [np.array([r if r >= 0 and text_of[int(r)] == p else -1 for p, r in zip(known, at)], dtype=np.int64)
+            for known, at in zip(positives, rows)]
+
+
+def _scores_of_positives(model, index: CorpusIndex | None, q_emb: np.ndarray, positives: list[list[str]],
                          rows: list[np.ndarray], batch_size: int) -> tuple[list[np.ndarray], int]:
     """(Each query's score with each of its known positives, how many texts were encoded for them): a positive the
-    index holds (its row >= 0) is read from it, every other distinct positive of the batch encoded once."""
+    index holds (its row >= 0) is read from it, every other distinct positive of the batch encoded once (all of
+    them without an index)."""
+    rows = rows if index is not None else [np.full(len(known), -1, dtype=np.int64) for known in positives]
     stored = np.unique(np.concatenate([r[r >= 0] for r in rows] + [np.zeros(0, np.int64)]))
     documents = list(dict.fromkeys(p for known, at in zip(positives, rows) for p, r in zip(known, at) if r < 0))
-    emb_of_row = dict(zip(stored.tolist(), index.embeddings(stored)))
+    emb_of_row = dict(zip(stored.tolist(), index.embeddings(stored))) if len(stored) else {}
     emb_of_text = dict(zip(documents, _unit_embeddings(model, documents, batch_size, "document"))) if documents else {}
     scores = [np.array([(emb_of_row[int(r)] if r >= 0 else emb_of_text[p]) @ q_emb[i] for p, r in zip(known, at)],
                        dtype=np.float32) for i, (known, at) in enumerate(zip(positives, rows))]
@@ -313,12 +325,13 @@ class QueryEncoder:
         if self.index is None:  # the teacher's scores replace them
             scores[:] = [np.zeros(0, dtype=np.float32)] * len(queries)
         else:
-            rows = [np.asarray(r, dtype=np.int64) for r in batch["positive_rows"]]
+            rows = held_rows(self.index, positives, [np.asarray(r, dtype=np.int64) for r in batch["positive_rows"]])
             found, encoded = _scores_of_positives(self.model, self.index, q_emb, positives, rows, self.s.batch_size)
             scores[:] = found
+        counted = np.zeros(len(queries), dtype=np.int64)
+        counted[:1] = encoded  # the batch's count, on its first row
         return {"text1": batch["text1"], "positives": batch["positives"], "positive_rows": batch["positive_rows"],
-                "query_embedding": q_emb, "positive_scores": scores,
-                "positives_encoded": np.array([encoded] + [0] * (len(queries) - 1))}
+                "query_embedding": q_emb, "positive_scores": scores, "positives_encoded": counted}
 
 
 def _search_candidates(batch: dict[str, np.ndarray], actors: list, rows: int, range_max: int,
@@ -364,7 +377,7 @@ class NegativeMiner:
             np.asarray([score for _, score, _ in found], dtype=np.float32) for found in found_of]
         encoded = int(np.sum(batch["positives_encoded"]))
         if self.teacher is not None:
-            rows = [np.asarray(r, dtype=np.int64) for r in batch["positive_rows"]]
+            rows = held_rows(self.index, positives, [np.asarray(r, dtype=np.int64) for r in batch["positive_rows"]])
             pos_scores_of, cand_scores_of, by_teacher = self._teacher_scores(queries, positives, rows, found_of)
             encoded += by_teacher
         out = {k: [] for k in GROUP_COLUMNS + ("batch_stats",)}
@@ -404,21 +417,27 @@ class NegativeMiner:
     def _teacher_scores(self, queries: list[str], positives: list[list[str]], positive_rows: list[np.ndarray],
                         found_of):
         """(The teacher's scores of each query's positives, of its candidates, how many positives it encoded): the
-        queries encoded, every candidate and every positive the corpus holds read from the teacher's index by row,
-        the other positives encoded once for the batch."""
+        queries encoded; with the teacher's index (aligned_index), every candidate and every positive the corpus
+        holds read from it by row, the other positives encoded once for the batch; without (a corpus larger than the
+        queries can find), the batch's distinct candidates and positives encoded."""
         q_emb = _unit_embeddings(self.teacher, queries, self.s.batch_size, "query")
         positive_scores, encoded = _scores_of_positives(self.teacher, self.teacher_index, q_emb, positives,
                                                         positive_rows, self.s.batch_size)
-        rows = np.unique(np.array([r for found in found_of for _, _, r in found], dtype=np.int64))
-        at = {r: k for k, r in enumerate(rows.tolist())}
-        stored = self.teacher_index.embeddings(rows)
-        candidate_scores = [stored[[at[r] for _, _, r in found]] @ q_emb[i] if found else np.zeros(0, np.float32)
-                            for i, found in enumerate(found_of)]
+        if self.teacher_index is not None:
+            keys = sorted({r for found in found_of for _, _, r in found})
+            stored = self.teacher_index.embeddings(keys)
+        else:
+            keys = list(dict.fromkeys(t for found in found_of for t, _, _ in found))
+            stored = _unit_embeddings(self.teacher, keys, self.s.batch_size, "document") if keys else []
+        at = {key: k for k, key in enumerate(keys)}
+        key_of = (lambda t, r: r) if self.teacher_index is not None else (lambda t, r: t)  # noqa: E731
+        candidate_scores = [stored[[at[key_of(t, r)] for t, _, r in found]] @ q_emb[i] if found
+                            else np.zeros(0, np.float32) for i, found in enumerate(found_of)]
         return positive_scores, candidate_scores, encoded
 
 
 def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool, queries_per_batch: int = 256,
-         method=None):
+         method=None, pairs_count: int | None = None):
     """(The mined rows (with their scores and each batch's counts), materialised in the object store; the search's
     recall@range_max against exact search when ``method`` is approximate, else None), in three phases that each
     hold the pool's resources alone (materialised in turn: no phase waits on CPUs another holds): the queries
@@ -433,11 +452,13 @@ def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool,
     method = method or SearchMethod()
     actors = ray.data.ActorPoolStrategy(size=pool.actors)
     resources = pool_resources(pool.cpus_per_actor, pool.gpus_per_actor)
-    if settings.teacher_path:  # the corpus encoded by the teacher once, row for row: its scores are read by row
+    groups = positives_by_query(located_positives(pairs, index, pairs_count)).materialize()  # tasks done before the
+    # actors take the CPUs; each positive the corpus holds is scored from the index (the teacher's, with one)
+    if settings.teacher_path and index.rows <= groups.count() * settings.range_max:
+        # the queries may find every corpus text: the teacher encodes the corpus once, row for row, and its scores
+        # are read by row (a corpus larger than that: each batch encodes the candidates its queries found)
         teacher_index = aligned_index(index, settings.teacher_path, pool=pool, batch_size=settings.batch_size)
         settings = dataclasses.replace(settings, teacher_index_path=teacher_index.location)
-    groups = positives_by_query(located_positives(pairs, index)).materialize()  # tasks done before the actors
-    # take the CPUs; each positive the corpus holds is scored from the index (the teacher's, with one)
     encoded = groups.map_batches(QueryEncoder, fn_constructor_kwargs={"settings": settings},
                                  batch_size=encoder_rows(groups.count(), queries_per_batch, pool.actors),
                                  compute=actors, **resources).materialize()

@@ -204,11 +204,16 @@ def aligned_index(index: CorpusIndex, model_path: str, *, pool: EncoderPool, bat
     ``index``'s own key (its model and corpus) and the other model's files; ``index`` must keep its texts."""
     if not index.meta.get("text"):
         raise ValueError(f"{index.location}: an aligned index encodes the texts of an index that keeps them")
-    spec = {"aligned_with": index.location.rstrip("/").rsplit("/", 1)[-1], "model": model_fingerprint(model_path),
-            "format": INDEX_FORMAT}
-    key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
-    return _cached(str(root or index_root()), key,
+    return _cached(str(root or index_root()), aligned_key(index, model_path),
                    lambda folder: _write_aligned(index, model_path, folder, pool, batch_size))
+
+
+def aligned_key(index: CorpusIndex, model_path: str) -> str:
+    """An aligned index's cache key: ``index``'s key and its shards (uniquely named by each build, so a rebuilt
+    ``index``, whose rows come in another order, never finds the old aligned one) and the other model's files."""
+    spec = {"aligned_with": index.location.rstrip("/").rsplit("/", 1)[-1], "shards": index.meta["shards"],
+            "model": model_fingerprint(model_path), "format": INDEX_FORMAT}
+    return hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
 
 
 def _cached(root: str, key: str, write) -> CorpusIndex:

@@ -184,7 +184,7 @@ def main(cfg: MineJobConfig) -> dict:
                                   m.relative_margin, m.max_score, m.min_score, m.negatives_per_row, m.sampling, m.seed,
                                   teacher_path, m.batch_size, cfg.gpus_per_actor)
         mined, recall = mine(pairs, index, settings, pool, cfg.mining.queries_per_batch,
-                             cfg.mining.search.method_settings())
+                             cfg.mining.search.method_settings(), pairs_count=report.rows_written)
         counts = mining_report(mined)
         remove_tree(storage_path(data))
         write_mined(mined, data)  # by the tasks holding the rows, on any node

@@ -82,7 +82,8 @@ def _reference(model_dir, pairs, corpus, rules: dict, teacher_dir=None):
 def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_path, monkeypatch):
     """Relative margin against each query's lowest positive, range_min, a teacher re-scoring (the tiny model pooled
     by its last token: other scores, so other candidates pass the margin than the mining model's own scores would let
-    through) from its own index of the corpus, row for row the mining model's; the mining model has query and
+    through) from its own index of the corpus, row for row the mining model's (the queries may find every corpus
+    text); the corpus lacks a third of the positives, which the teacher encodes; the mining model has query and
     document prompts, which the reference applies by side."""
     from encoders.backbone import build_encoder, export_encoder
     from encoders.sources import resolve_model_source
@@ -93,8 +94,11 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in pairs))
     extra = [" ".join(rng.choice(WORDS, size=5)) for _ in range(30)]
+    positives = list(dict.fromkeys(r["positive"] for r in pairs))
+    held, missing = positives[::3] + positives[1::3], positives[2::3]  # the corpus lacks a third of the positives
+    assert all(sum(r["positive"] == m for r in pairs) == 1 for m in missing)  # each paired once: encoded once
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(extra + [r["positive"] for r in pairs]) + "\n")
+    corpus.write_text("\n".join(extra + held) + "\n")
     sides = {"query": "query: ", "document": "passage: "}
     model = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32, prompts=sides),
                            tmp_path / "model")
@@ -109,7 +113,7 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
     result = job.main(cfg)
     written = [json.loads(line) for f in sorted(Path(result["output_path"]).glob("*.json*")) for line in open(f)]
     got = {r["query"]: r["negatives"] for r in written}
-    texts = extra + [r["positive"] for r in pairs]
+    texts = extra + held
     rules = {"range_max": 40, "range_min": 1, "relative_margin": 0.001, "negatives_per_row": 2}
     expected, without, dropped = _reference(model, pairs, texts, rules, teacher)
     assert expected != _reference(model, pairs, texts, rules)[0]  # the teacher matters here
@@ -121,7 +125,7 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
     assert result["rows_in"] == len(pairs) and result["pairs_in"] == len({(r["query"], r["positive"]) for r in pairs})
     assert result["queries_in"] == len(known) and result["pairs_in"] > len(known)  # queries with two positives
     assert result["rows_without_negative"] == without and result["candidates_dropped_by_margin"] == dropped
-    assert result["positives_encoded"] == 0  # every positive is in the corpus: both models read it from their index
+    assert result["positives_encoded"] == len(missing)  # the teacher encoded those the corpus lacks, the others it read
     # The teacher encoded the corpus once, into an index of the same rows as the mining model's (cached beside it):
     # row r of both is one text, and the teacher's stored embedding of it is its own encoding.
     from encoders.backbone import inference_embeddings, load_encoder
@@ -380,25 +384,14 @@ def test_positives_the_index_holds_are_read_from_it_and_only_the_others_encoded(
     encoding them, with only the missing ones encoded (each once)."""
     import ray
 
-    from data_pipelines.mining import _scores_of_positives, located_positives, text_id
+    from data_pipelines.mining import _scores_of_positives, held_rows, located_positives
     from encoders.backbone import build_encoder, inference_embeddings
     from encoders.sources import resolve_model_source
-    from evaluation.corpus_index import CorpusIndex, write_shard
     from evaluation.search import normalised
 
     model = build_encoder(resolve_model_source("tiny:bert"), max_length=32)
-    held = [f"{a} {b} {c}" for a, b, c in zip(WORDS, WORDS[3:], WORDS[7:])]
-    lacking = ["violin in the desert", "a harbor at night"]
-    emb = normalised(inference_embeddings(model, held, side="document"))
-    folder = tmp_path / "index"
-    folder.mkdir()
-    shards = [write_shard({"id": np.array([text_id(t) for t in held[s]], dtype=object), "embedding": emb[s],
-                           "text": np.array(held[s], dtype=object)}, str(folder))
-              for s in (slice(0, 5), slice(5, None))]  # two shards: rows of the second are offset by the first
-    (folder / "meta.json").write_text(json.dumps({"model_path": "tiny:bert", "corpus": "test", "rows": len(held),
-                                                  "dim": emb.shape[1], "shards": [s["shard"][0] for s in shards],
-                                                  "text": True}))
-    index = CorpusIndex.at(str(folder))
+    index = _hand_built_index(tmp_path / "index", model, HELD)
+    held, lacking = HELD, ["violin in the desert", "a harbor at night"]
     pairs = [{"text1": f"query {i}", "text2": t} for i, t in enumerate(held[3:9] + lacking)]
     located = located_positives(ray.data.from_items(pairs), index).take_all()
     row_of = {r["text2"]: r["positive_row"] for r in located}
@@ -415,3 +408,62 @@ def test_positives_the_index_holds_are_read_from_it_and_only_the_others_encoded(
     assert encoded == 2  # the two lacking texts, lacking[0] once for both queries
     for got, want in zip(scores, direct):
         np.testing.assert_allclose(got, want, atol=1e-5)
+    # a row whose text is not the positive's (a 64-bit id collision) is not read for it
+    assert [r.tolist() for r in held_rows(index, [[held[4], held[5]]], [np.array([row_of[held[4]], 0])])] == \
+        [[row_of[held[4]], -1]]
+
+
+HELD = [f"{a} {b} {c}" for a, b, c in zip(WORDS, WORDS[3:], WORDS[7:])]
+
+
+def _hand_built_index(folder: Path, model, texts: list[str], names: list[str] | None = None):
+    """An index of ``texts`` written here as the corpus-index builder writes one, in two shards (rows of the second
+    offset by the first), with ``model``'s unit document embeddings; ``names`` the shards' (an aligned index's)."""
+    from data_pipelines.mining import text_id
+    from encoders.backbone import inference_embeddings
+    from evaluation.corpus_index import CorpusIndex, write_shard
+    from evaluation.search import normalised
+
+    emb = normalised(inference_embeddings(model, texts, side="document"))
+    folder.mkdir(parents=True)
+    shards = [write_shard({"id": np.array([text_id(t) for t in texts[s]], dtype=object), "embedding": emb[s],
+                           "text": np.array(texts[s], dtype=object)}, str(folder), name=names[k] if names else None)
+              for k, s in enumerate((slice(0, 5), slice(5, None)))]
+    (folder / "meta.json").write_text(json.dumps({"model_path": "test", "corpus": "test", "rows": len(texts),
+                                                  "dim": emb.shape[1], "shards": [s["shard"][0] for s in shards],
+                                                  "text": True}))
+    return CorpusIndex.at(str(folder))
+
+
+def test_a_teachers_scores_read_from_its_aligned_index_equal_encoding_each_batch(tmp_path):
+    """The two ways a teacher scores (its index of the corpus row for row, or each batch's candidates and positives
+    encoded) give the same scores; the aligned index's cache key changes with the shards of the index it follows (a
+    rebuilt corpus index, in another row order, never finds the old teacher index)."""
+    import dataclasses
+
+    from data_pipelines.mining import MiningSettings, NegativeMiner
+    from encoders.backbone import build_encoder, export_encoder, load_encoder
+    from encoders.sources import resolve_model_source
+    from evaluation.corpus_index import aligned_key
+
+    teacher = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32, pooling="last_token"),
+                             tmp_path / "teacher")
+    student = build_encoder(resolve_model_source("tiny:bert"), max_length=32)
+    index = _hand_built_index(tmp_path / "index", student, HELD)
+    aligned = _hand_built_index(tmp_path / "teacher-index", load_encoder(teacher), HELD, names=index.meta["shards"])
+    settings = MiningSettings(model_path="unused", index_path=str(index.path), teacher_path=str(teacher))
+    by_row = NegativeMiner(dataclasses.replace(settings, teacher_index_path=str(aligned.path)))
+    by_batch = NegativeMiner(settings)
+    queries, positives = ["a silver engine", "bread and music"], [[HELD[1], "a harbor at night"], [HELD[9]]]
+    rows = [np.array([1, -1]), np.array([9])]
+    found_of = [[(HELD[r], 0.0, r) for r in (3, 7, 12)], [(HELD[r], 0.0, r) for r in (7, 2)]]
+    pos_a, cand_a, encoded_a = by_row._teacher_scores(queries, positives, rows, found_of)
+    pos_b, cand_b, encoded_b = by_batch._teacher_scores(queries, positives, rows, found_of)
+    assert (encoded_a, encoded_b) == (1, 3)  # the lacking positive; every positive of the batch
+    for a, b in zip(pos_a + cand_a, pos_b + cand_b):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert len(cand_a[0]) == 3 and len(cand_a[1]) == 2
+
+    rebuilt = _hand_built_index(tmp_path / "rebuilt" / "index", student, HELD)  # the same key (folder), new shards
+    assert aligned_key(index, str(teacher)) == aligned_key(index, str(teacher))
+    assert aligned_key(rebuilt, str(teacher)) != aligned_key(index, str(teacher))
