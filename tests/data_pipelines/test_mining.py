@@ -84,7 +84,9 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
     by its last token: other scores, so other candidates pass the margin than the mining model's own scores would let
     through) from its own index of the corpus, row for row the mining model's (the queries may find every corpus
     text); the corpus lacks a third of the positives, which the teacher encodes; the mining model has query and
-    document prompts, which the reference applies by side."""
+    document prompts, which the reference applies by side. About 35 s in the suite: the one run of the teacher path
+    end to end starts four actor pools (the corpus, the teacher's index of it, the queries, the teacher's mining
+    actors), each a process that imports the encoder stack and loads its model."""
     from encoders.backbone import build_encoder, export_encoder
     from encoders.sources import resolve_model_source
 
