@@ -281,10 +281,16 @@ def _unit_embeddings(model, texts: list[str], batch_size: int, side: str) -> np.
     return normalised(inference_embeddings(model, texts, batch_size, side))
 
 
+def _distinct_rows(rows_of) -> np.ndarray:
+    """The distinct index rows (>= 0: -1 marks a text the index lacks) among a batch's lists of rows, sorted."""
+    rows = [np.asarray(r, dtype=np.int64) for r in rows_of]
+    return np.unique(np.concatenate([r[r >= 0] for r in rows] + [np.zeros(0, np.int64)]))
+
+
 def held_rows(index: CorpusIndex, positives: list[list[str]], rows: list[np.ndarray]) -> list[np.ndarray]:
     """``rows`` with -1 wherever the index's text at a row is not the positive's (ids are 64-bit text hashes: a
     collision must not score a positive by another text's embedding); one read of the batch's distinct rows."""
-    stored = np.unique(np.concatenate([r[r >= 0] for r in rows] + [np.zeros(0, np.int64)]))
+    stored = _distinct_rows(rows)
     text_of = dict(zip(stored.tolist(), index.take("text", stored)))
     return [np.array([r if r >= 0 and text_of[int(r)] == p else -1 for p, r in zip(known, at)], dtype=np.int64)
             for known, at in zip(positives, rows)]
@@ -296,7 +302,7 @@ def _scores_of_positives(model, index: CorpusIndex | None, q_emb: np.ndarray, po
     index holds (its row >= 0) is read from it, every other distinct positive of the batch encoded once (all of
     them without an index)."""
     rows = rows if index is not None else [np.full(len(known), -1, dtype=np.int64) for known in positives]
-    stored = np.unique(np.concatenate([r[r >= 0] for r in rows] + [np.zeros(0, np.int64)]))
+    stored = _distinct_rows(rows)
     documents = list(dict.fromkeys(p for known, at in zip(positives, rows) for p, r in zip(known, at) if r < 0))
     emb_of_row = dict(zip(stored.tolist(), index.embeddings(stored))) if len(stored) else {}
     emb_of_text = dict(zip(documents, _unit_embeddings(model, documents, batch_size, "document"))) if documents else {}
@@ -377,7 +383,8 @@ class NegativeMiner:
             np.asarray([score for _, score, _ in found], dtype=np.float32) for found in found_of]
         encoded = int(np.sum(batch["positives_encoded"]))
         if self.teacher is not None:
-            rows = held_rows(self.index, positives, [np.asarray(r, dtype=np.int64) for r in batch["positive_rows"]])
+            rows = [np.asarray(r, dtype=np.int64) for r in batch["positive_rows"]]
+            rows = held_rows(self.index, positives, rows) if self.teacher_index is not None else rows  # else unread
             pos_scores_of, cand_scores_of, by_teacher = self._teacher_scores(queries, positives, rows, found_of)
             encoded += by_teacher
         out = {k: [] for k in GROUP_COLUMNS + ("batch_stats",)}
@@ -404,7 +411,7 @@ class NegativeMiner:
 
     def _candidates(self, queries: list[str], positives: list[list[str]], rows_of, scores_of):
         """Each query's first range_max (text, score, index row) found, its known positives and itself left out."""
-        distinct = np.unique(np.concatenate([np.asarray(r, dtype=np.int64) for r in rows_of] + [np.zeros(0, np.int64)]))
+        distinct = _distinct_rows(rows_of)
         text_of = dict(zip(distinct.tolist(), self.index.take("text", distinct)))
         found_of = []
         for query, known, rows, scores in zip(queries, positives, rows_of, scores_of):
@@ -423,16 +430,15 @@ class NegativeMiner:
         q_emb = _unit_embeddings(self.teacher, queries, self.s.batch_size, "query")
         positive_scores, encoded = _scores_of_positives(self.teacher, self.teacher_index, q_emb, positives,
                                                         positive_rows, self.s.batch_size)
-        if self.teacher_index is not None:
-            keys = sorted({r for found in found_of for _, _, r in found})
-            stored = self.teacher_index.embeddings(keys)
-        else:
-            keys = list(dict.fromkeys(t for found in found_of for t, _, _ in found))
-            stored = _unit_embeddings(self.teacher, keys, self.s.batch_size, "document") if keys else []
-        at = {key: k for k, key in enumerate(keys)}
-        key_of = (lambda t, r: r) if self.teacher_index is not None else (lambda t, r: t)  # noqa: E731
-        candidate_scores = [stored[[at[key_of(t, r)] for t, _, r in found]] @ q_emb[i] if found
-                            else np.zeros(0, np.float32) for i, found in enumerate(found_of)]
+        if self.teacher_index is not None:  # each candidate by its row in the teacher's index
+            keys_of, lookup = [[r for _, _, r in found] for found in found_of], self.teacher_index.embeddings
+        else:  # each distinct candidate text of the batch encoded
+            keys_of = [[t for t, _, _ in found] for found in found_of]
+            lookup = lambda texts: _unit_embeddings(self.teacher, texts, self.s.batch_size, "document")  # noqa: E731
+        distinct = list(dict.fromkeys(k for keys in keys_of for k in keys))
+        stored, at = (lookup(distinct) if distinct else None), {key: k for k, key in enumerate(distinct)}
+        candidate_scores = [stored[[at[k] for k in keys]] @ q_emb[i] if keys else np.zeros(0, np.float32)
+                            for i, keys in enumerate(keys_of)]
         return positive_scores, candidate_scores, encoded
 
 
