@@ -20,7 +20,6 @@ The data wait per step needs Ray Data, which the GPU machine does not have: it i
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -29,6 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import gpu_benchmark_main  # noqa: E402
+
 LENGTHS = ROOT / "benchmarks" / ".gpu" / "lengths.json"
 PAIRS = 512
 STAGE1_STEPS = 5 * 942_854 // PAIRS  # scaling.py: 5 epochs of SNLI + MNLI at batch 512
@@ -350,20 +352,7 @@ def report(measured: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prepare", action="store_true", help="write the SNLI token lengths the GPU run reads")
-    parser.add_argument("--measure", type=Path, metavar="OUT", help="measure on this machine's GPU into OUT")
-    parser.add_argument("--report", type=Path, metavar="MEASURED", help="write results/gpu_step.* from a measurement")
-    parser.add_argument("--tiny", action="store_true", help="with --measure: tiny models on CPU (a dry run)")
-    args = parser.parse_args()
-    if args.prepare:
-        prepare()
-    elif args.measure:
-        measure(args.measure, args.tiny)
-    elif args.report:
-        report(args.report)
-    else:
-        parser.error("give --prepare, --measure OUT or --report MEASURED")
+    gpu_benchmark_main(__doc__, "gpu_step", prepare, measure, report)
 
 
 if __name__ == "__main__":

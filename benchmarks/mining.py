@@ -38,10 +38,10 @@ TOP_K, MARGIN = 30, 0.95
 RUNS = ("st", "st-faiss", "raoe-cold", "raoe-warm", "raoe-faiss")
 
 
-def snli_pairs(limit: int) -> list[dict]:
-    s1 = (SNLI / "s1.dev").read_text(encoding="utf-8").splitlines()
-    s2 = (SNLI / "s2.dev").read_text(encoding="utf-8").splitlines()
-    labels = (SNLI / "labels.dev").read_text(encoding="utf-8").splitlines()
+def snli_pairs(limit: int, snli: Path = SNLI) -> list[dict]:
+    s1 = (snli / "s1.dev").read_text(encoding="utf-8").splitlines()
+    s2 = (snli / "s2.dev").read_text(encoding="utf-8").splitlines()
+    labels = (snli / "labels.dev").read_text(encoding="utf-8").splitlines()
     seen, pairs = set(), []
     for a, b, label in zip(s1, s2, labels):
         if label.strip() == "entailment" and (a.strip(), b.strip()) not in seen:
@@ -50,12 +50,12 @@ def snli_pairs(limit: int) -> list[dict]:
     return pairs[:limit] if limit else pairs
 
 
-def synthetic_pairs(n: int, seed: int = 0) -> list[dict]:
+def synthetic_pairs(n: int, seed: int = 0, snli: Path = SNLI) -> list[dict]:
     """``n`` pairs for scale: an SNLI dev entailment pair with one SNLI test sentence appended to both sides."""
     import random
 
-    base = snli_pairs(0)
-    tails = sorted({line.strip() for line in (SNLI / "s2.test").read_text(encoding="utf-8").splitlines() if line.strip()})
+    base = snli_pairs(0, snli)
+    tails = sorted({line.strip() for line in (snli / "s2.test").read_text(encoding="utf-8").splitlines() if line.strip()})
     rng = random.Random(seed)
     pairs = []
     for _ in range(n):
