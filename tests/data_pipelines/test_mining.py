@@ -415,6 +415,30 @@ def test_positives_the_index_holds_are_read_from_it_and_only_the_others_encoded(
         [[row_of[held[4]], -1]]
 
 
+def test_positives_grouped_by_query_are_whole_distinct_sorted_and_aligned_with_their_rows(ray_local):
+    """Each query's positives come back once each, sorted, each beside its own index row, however the pairs are
+    spread over input blocks (a query's pairs in several) and over the hash partitions; repeated pairs count once."""
+    import ray
+
+    from data_pipelines.mining import positives_by_query
+
+    rng = np.random.default_rng(0)
+    pairs = [{"text1": f"query {q}", "text2": f"{WORDS[p]} {q % 3}", "positive_row": 100 * q + p}
+             for q in range(40) for p in rng.choice(len(WORDS), size=1 + q % 4, replace=False)]
+    pairs += pairs[::7]  # repeated pairs
+    rng.shuffle(pairs)
+    want: dict[str, dict[str, int]] = {}
+    for pair in pairs:
+        want.setdefault(pair["text1"], {})[pair["text2"]] = pair["positive_row"]
+    for partitions in (1, 3):
+        got = positives_by_query(ray.data.from_items(pairs, override_num_blocks=6), partitions).take_all()
+        assert len(got) == len(want)
+        for row in got:
+            known = want[row["text1"]]
+            assert list(row["positives"]) == sorted(known)
+            assert list(row["positive_rows"]) == [known[t] for t in sorted(known)]
+
+
 HELD = [f"{a} {b} {c}" for a, b, c in zip(WORDS, WORDS[3:], WORDS[7:])]
 
 
