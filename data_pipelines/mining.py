@@ -398,7 +398,7 @@ class NegativeMiner:
         self.teacher = load_encoder(settings.teacher_path, device=actor_device(settings.gpus)) \
             if settings.teacher_path else None
         self.index = CorpusIndex.at(settings.index_path)  # texts looked up per batch, never held whole; on object
-        # storage from this node's copy, made once per node
+        # storage from this node's copy of its id and text columns, made once per node
         self.teacher_index = CorpusIndex.at(settings.teacher_index_path) if settings.teacher_index_path else None
 
     def __call__(self, batch: dict[str, np.ndarray]):
@@ -494,9 +494,9 @@ def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool,
         # are read by row (a corpus larger than that: each batch encodes the candidates its queries found)
         teacher_index = aligned_index(index, settings.teacher_path, pool=pool, batch_size=settings.batch_size)
         settings = dataclasses.replace(settings, teacher_index_path=teacher_index.location)
-    encoded = groups.map_batches(QueryEncoder, fn_constructor_kwargs={"settings": settings},
-                                 batch_size=encoder_rows(groups.count(), queries_per_batch, pool.actors),
-                                 compute=actors, **resources).materialize()
+    calls, rows_per_call = in_encoder_calls(groups, queries_per_batch, pool.actors)
+    encoded = calls.map_batches(QueryEncoder, fn_constructor_kwargs={"settings": settings}, batch_size=rows_per_call,
+                                compute=actors, **resources).materialize()
     recall, sample = None, []
     if method.approximate and method.recall_queries:  # read before the search actors take the CPUs
         sample = [row["query_embedding"] for row in encoded.take(method.recall_queries)]
@@ -526,6 +526,15 @@ def encoder_rows(queries: int, queries_per_batch: int, actors: int) -> int:
     pad less: 1.33x the real tokens in calls of 512 queries, 1.05x in 4096, measured on 100,000 synthetic SNLI
     queries), at least ``queries_per_batch``, and small enough that every actor gets about four calls."""
     return max(queries_per_batch, min(ENCODE_ROWS, -(-queries // (4 * max(1, actors)))))
+
+
+def in_encoder_calls(groups, queries_per_batch: int, actors: int):
+    """(The grouped queries in blocks of one encoder call each, the call's rows): a group-by's output is one block
+    per partition (one of 100,000 queries here), and an actor pool hands out blocks: without the split one actor
+    encodes every query while the others wait."""
+    queries = groups.count()
+    rows = encoder_rows(queries, queries_per_batch, actors)
+    return groups.repartition(max(1, -(-queries // rows))), rows
 
 
 def _pick_negatives(batch: dict[str, np.ndarray], settings: MiningSettings):

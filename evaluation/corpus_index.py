@@ -12,9 +12,11 @@ encoding again.
 Reading to writing runs in Ray Data: the actors encode and write the shards; the driver only sees shard names.
 The cache is ``RAOE_INDEX_CACHE`` when set (a shared folder, or an object-store URI such as ``s3://bucket/indexes``),
 else ``RAOE_CACHE/corpus-embeddings``. On object storage the actors write the shards straight into the index's folder
-and ``meta.json``, written last, commits it; each node that searches an index copies it once to its own disk
-(storage.node_cache) and maps that copy. On a cluster of several nodes give it a URI or a shared folder (the writers
-run anywhere)."""
+and ``meta.json``, written last, commits it; a node copies to its own disk (storage.node_cache), once, only the parts
+it reads, and maps them: the id and text columns (a join by id, the texts of rows found), a search actor's own
+shards' embeddings, every shard's embeddings only where rows anywhere are read (the stored embeddings of a mining
+job's known positives). 8 nodes searching a 100M-row index each copy the eighth they search. On a cluster of
+several nodes give it a URI or a shared folder (the writers run anywhere)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import json
 import os
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Iterator
@@ -33,11 +35,12 @@ import numpy as np
 from encoders.cache import building, cache_root
 from encoders.devices import EncoderPool, pool_resources
 from storage.digests import content_digests, hub_revision, tree_digest
-from storage.node_cache import node_copy
+from storage.node_cache import node_cache_root, node_copy
 from storage.paths import ABANDONED_AFTER_S, files_under, is_uri, join, remove_tree, storage_path, writable_path
 
 SHARD_ROWS = 16384  # rows per shard file: the chunk of one search step
-INDEX_FORMAT = 3  # in the cache key: 1 kept ids and texts in parquet, read whole; 2 encoded with no side
+INDEX_FORMAT = 4  # in the cache key: 1 kept ids and texts in parquet, read whole; 2 encoded with no side; 3 no
+# per-shard row counts in meta.json
 LAST_USED = "last_used"  # touched in an index's folder each time a job builds or reads it: least recently used goes first
 MAX_GB_ENV = "RAOE_INDEX_CACHE_MAX_GB"  # the corpus-index cache's size limit (unset: none), as data.cache_max_gb
 IN_USE_S = 3600  # an index used this recently may still be searched by another job: never evicted
@@ -51,33 +54,54 @@ def index_root() -> str:
 
 @dataclass(frozen=True)
 class CorpusIndex:
-    path: Path  # the folder read here: the index itself, or this node's copy of an index on object storage
+    path: Path  # the index's folder; on object storage, the name this node gives its copies (one per part read)
     location: str = ""  # where the index is kept (a URI for one on object storage): what other nodes open
+    remote_meta: str = field(default="", repr=False, compare=False)  # meta.json as read from object storage
+
+    def __reduce__(self):  # sent to another process: it reads through its own node's copies, none of this one's
+        return _reopened, (str(self.path), self.location, self.remote_meta)
 
     @classmethod
     def at(cls, location: str) -> "CorpusIndex":
-        """The index kept at ``location``: the folder itself, or (on object storage) this node's copy of it, made
-        once per node and named by the index's meta.json (a rebuilt index is copied again)."""
+        """The index kept at ``location``: the folder itself, or (on object storage) the index read through this
+        node's copies of the parts that are read: the id and text columns, or the embeddings (a search actor's own
+        shards' alone, see ``hold``); each made once per node and named by the index's meta.json (a rebuilt index
+        is copied again)."""
         if not is_uri(location):
             return cls(Path(location), location)
         meta = storage_path(join(location, "meta.json")).read_text()
         name = f"index-{location.rstrip('/').rsplit('/', 1)[-1]}-{hashlib.sha1(meta.encode()).hexdigest()[:10]}"
-        shards = [f"{shard}.{ext}" for shard in json.loads(meta)["shards"] for ext in ("npy", "arrow")]
-        # the shards this meta.json names and the meta.json read here: never another build's files or meta
-        return cls(node_copy(location, name, files=shards, contents={"meta.json": meta}), location)
+        return cls(node_cache_root() / name, location, meta)
 
     @cached_property
     def meta(self) -> dict:  # read once: every shard pass and row count consults it
-        return json.loads((self.path / "meta.json").read_text())
+        return json.loads(self.remote_meta or (self.path / "meta.json").read_text())
 
     @property
     def rows(self) -> int:
         return int(self.meta["rows"])
 
+    def shard_rows(self) -> list[int]:
+        """Each shard's row count."""
+        return np.diff(self._offsets).tolist()
+
     def shards(self) -> Iterator[tuple[int, np.ndarray]]:
         """(first row number, embeddings) of each shard, memory-mapped."""
-        for shard, offset in zip(self.meta["shards"], self._offsets):
-            yield int(offset), np.load(self.path / f"{shard}.npy", mmap_mode="r")
+        for number in range(len(self.meta["shards"])):
+            yield self.shard(number)
+
+    def shard(self, number: int) -> tuple[int, np.ndarray]:
+        """(first row number, embeddings) of shard ``number``, memory-mapped."""
+        return int(self._offsets[number]), np.load(self._file(number, "npy"), mmap_mode="r")
+
+    def hold(self, shards: list[int]) -> None:
+        """On object storage, copy to this node the embeddings of these shards alone (a search actor's share), unless
+        the node holds the whole index's already: 8 nodes searching 100M rows each copy an eighth, not all of it."""
+        if not is_uri(self.location) or not shards or self._whole_on_node("embeddings"):
+            return
+        part = f"embeddings-{min(shards)}-{max(shards)}-{len(shards)}"
+        folder = self._node_part(part, [f"{self.meta['shards'][s]}.npy" for s in shards])
+        self._held.update({s: folder for s in shards})
 
     def take(self, name: str, rows) -> list[str]:
         """``id`` (or ``text``, when kept) of the given row numbers, in their order: each shard's column is read
@@ -92,12 +116,31 @@ class CorpusIndex:
 
     def embeddings(self, rows) -> np.ndarray:
         """The stored unit embeddings of the given row numbers, in their order (float32), read through the shards'
-        memory maps: a text the index holds is never encoded again (mining scores a query's known positives so)."""
+        memory maps: a text the index holds is never encoded again (mining scores a query's known positives so). On
+        object storage, unless this node holds every shard's embeddings already, only those rows are read (ranged
+        reads of the .npy files): a batch's positives lie anywhere in the index, and copying all of it to every
+        node that encodes queries is 300 GB at 100M rows x 768."""
         rows = self._checked(rows)
-        out = np.empty((len(rows), int(self.meta["dim"])), dtype=np.float32)
+        dim = int(self.meta["dim"])
+        out = np.empty((len(rows), dim), dtype=np.float32)
+        remote = is_uri(self.location) and not self._whole_on_node("embeddings")
         for shard, here, local in self._by_shard(rows):
-            out[here] = np.load(self.path / f"{self.meta['shards'][shard]}.npy", mmap_mode="r")[local]
+            if remote and shard not in self._held:
+                out[here] = self._remote_rows(shard, local, dim)
+            else:
+                out[here] = np.load(self._file(shard, "npy"), mmap_mode="r")[local]
         return out
+
+    def _remote_rows(self, shard: int, local: np.ndarray, dim: int) -> np.ndarray:
+        """Rows ``local`` of a shard's .npy on object storage, one ranged read each (concurrent), after its header
+        (the size np.save writes for its shape: index_problem checked each file's size against it)."""
+        rows, row_bytes = int(self._offsets[shard + 1] - self._offsets[shard]), dim * 4
+        header = npy_bytes(rows, dim) - rows * row_bytes
+        place = storage_path(join(self.location, f"{self.meta['shards'][shard]}.npy"))
+        starts = [header + int(r) * row_bytes for r in local]
+        chunks = place.fs.cat_ranges([place.path] * len(starts), starts, [s + row_bytes for s in starts])
+        return np.frombuffer(b"".join(chunks), dtype="<f4").reshape(len(local), dim)
+
 
     def _checked(self, rows) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64).ravel()
@@ -125,21 +168,60 @@ class CorpusIndex:
 
     @cached_property
     def _offsets(self) -> np.ndarray:
-        """The first row number of each shard (from the .npy headers), then the total."""
-        sizes = [len(np.load(self.path / f"{s}.npy", mmap_mode="r")) for s in self.meta["shards"]]
+        """The first row number of each shard (meta.json's counts; an index written before them: the .npy
+        headers), then the total."""
+        sizes = self.meta.get("shard_rows") or [len(np.load(self._file(s, "npy"), mmap_mode="r"))
+                                                for s in range(len(self.meta["shards"]))]
         return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
 
     @cached_property
     def _tables(self) -> dict:  # shard number -> its memory-mapped table, opened on first use
         return {}
 
+    @cached_property
+    def _held(self) -> dict:  # shard number -> this node's copy holding its embeddings (``hold``)
+        return {}
+
+    @cached_property
+    def _parts(self) -> dict:  # part name -> this node's copy of it
+        return {}
+
     def _table(self, shard: int):
         import pyarrow as pa
 
         if shard not in self._tables:
-            source = pa.memory_map(str(self.path / f"{self.meta['shards'][shard]}.arrow"), "r")
+            source = pa.memory_map(str(self._file(shard, "arrow")), "r")
             self._tables[shard] = pa.ipc.open_file(source).read_all()  # zero-copy: pages stay in the file cache
         return self._tables[shard]
+
+    def _file(self, shard: int, ext: str) -> Path:
+        """Where this process reads shard ``shard``'s ``ext`` file (npy: embeddings, arrow: ids and texts): in the
+        index's folder, or on object storage in this node's copy of the part holding it (the shards ``hold`` took,
+        else all the index's files of that kind)."""
+        name = f"{self.meta['shards'][shard]}.{ext}"
+        if not is_uri(self.location):
+            return self.path / name
+        if ext == "npy" and shard in self._held:
+            return self._held[shard] / name
+        kind = "embeddings" if ext == "npy" else "columns"
+        return self._node_part(kind, [f"{s}.{ext}" for s in self.meta["shards"]]) / name
+
+    def _node_part(self, part: str, files: list[str]) -> Path:
+        if part not in self._parts:
+            self._parts[part] = node_copy(self.location, f"{self.path.name}-{part}", files=files,
+                                          contents={"meta.json": self.remote_meta})
+        return self._parts[part]
+
+    def _whole_on_node(self, part: str) -> bool:
+        from storage.node_cache import COMPLETE
+
+        return part in self._parts or (self.path.with_name(f"{self.path.name}-{part}") / COMPLETE).exists()
+
+
+def _reopened(path: str, location: str, remote_meta: str) -> CorpusIndex:
+    if not remote_meta:
+        return CorpusIndex(Path(path), location)
+    return CorpusIndex(node_cache_root() / Path(path).name, location, remote_meta)
 
 
 def row_ids(index: CorpusIndex, shards_per_task: int = 8):
@@ -253,22 +335,16 @@ def _on_file_system(write, target: Path) -> _Found:
 
 def _on_object_storage(write, target: str) -> _Found:
     """An object-store prefix (no rename there): the actors write uniquely named shards into it and meta.json,
-    written last, commits the index; a build racing another commits its own shards, never a mix. Checked whole on
-    this node's copy; one that lost a file is built again."""
+    written last, commits the index; a build racing another commits its own shards, never a mix. Checked whole from
+    one listing (each shard's files there, of the sizes its row count gives); one that lost a file is built again."""
     if storage_path(join(target, "meta.json")).exists():
-        _record_use(target)  # first: no job's eviction takes it while this node copies it
-        try:
-            index = CorpusIndex.at(target)
-            problem = index_problem(index.path)
-        except (OSError, ValueError, KeyError) as exc:  # a shard meta.json names is gone
-            index, problem = None, f"it cannot be copied ({type(exc).__name__}: {exc})"
+        _record_use(target)  # first: no job's eviction takes it while a node copies from it
+        problem = index_problem(target)
         if problem is None:
-            print(f"corpus embeddings from the cache: {target} (this node's copy: {index.path})", flush=True)
-            return _Found(index, built=False)
+            print(f"corpus embeddings from the cache: {target} (each node copies the parts it reads)", flush=True)
+            return _Found(CorpusIndex.at(target), built=False)
         print(f"[raoe] cached corpus embeddings {target} ignored and built again: {problem}", flush=True)
         remove_tree(storage_path(target))  # its meta.json names what is not there: no job can search it
-        if index is not None:
-            shutil.rmtree(index.path, ignore_errors=True)
     write(target)
     return _Found(CorpusIndex.at(target), built=True)
 
@@ -280,7 +356,8 @@ def _write_index(corpus, model_path: str, corpus_key: str, folder: str, pool: En
     dims = {int(s["dim"]) for s in shards}
     writable_path(join(folder, "meta.json")).write_text(json.dumps({
         "model_path": model_path, "corpus": corpus_key, "rows": int(sum(s["rows"] for s in shards)),
-        "dim": dims.pop() if dims else 0, "shards": [s["shard"] for s in shards], "text": keep_text}))
+        "dim": dims.pop() if dims else 0, "shards": [s["shard"] for s in shards],
+        "shard_rows": [int(s["rows"]) for s in shards], "text": keep_text}))
     _record_use(folder)
 
 
@@ -299,7 +376,8 @@ def _write_aligned(index: CorpusIndex, model_path: str, folder: str, pool: Encod
     dims = {int(s["dim"]) for s in written}
     writable_path(join(folder, "meta.json")).write_text(json.dumps({
         "model_path": model_path, "corpus": index.meta["corpus"], "rows": index.rows,
-        "dim": dims.pop() if dims else 0, "shards": names, "text": False, "aligned_with": index.location}))
+        "dim": dims.pop() if dims else 0, "shards": names, "shard_rows": index.shard_rows(), "text": False,
+        "aligned_with": index.location}))
     _record_use(folder)
 
 
@@ -366,21 +444,45 @@ def evict_least_recent(root: str | Path, max_gb: float, keep: str, now: float | 
     return removed
 
 
-def index_problem(folder: Path) -> str | None:
-    """What is wrong with a cached index (its meta.json, or shards missing or of other row counts than it says), or
-    None when it is whole: a folder that lost a file is built again, never searched with rows missing."""
+def index_problem(location: str | Path) -> str | None:
+    """What is wrong with a cached index, local or on object storage (its meta.json, or shards missing or of other
+    row counts than it says), or None when it is whole: one that lost a file is built again, never searched with
+    rows missing. One listing; on object storage a shard's rows are checked by its .npy's size (no download)."""
+    place = storage_path(str(location))
     try:
-        meta = json.loads((folder / "meta.json").read_text())
+        meta = json.loads(storage_path(join(str(location), "meta.json")).read_text())
+        sizes = {name: size for name, size, _ in files_under(place)}
+        claimed = meta.get("shard_rows") or [None] * len(meta["shards"])
         rows = 0
-        for shard in meta["shards"]:
-            if not (folder / f"{shard}.arrow").is_file():
-                return f"shard {shard}.arrow is missing"
-            rows += np.load(folder / f"{shard}.npy", mmap_mode="r").shape[0]
+        for shard, count in zip(meta["shards"], claimed):
+            for ext in ("arrow", "npy"):
+                if f"{shard}.{ext}" not in sizes:
+                    return f"shard {shard}.{ext} is missing"
+            if isinstance(place, Path):
+                held = np.load(place / f"{shard}.npy", mmap_mode="r").shape[0]
+            elif count is None:
+                return "its meta.json predates per-shard row counts"
+            else:
+                if sizes[f"{shard}.npy"] != npy_bytes(int(count), int(meta["dim"])):
+                    return f"shard {shard}.npy holds {sizes[f'{shard}.npy']} bytes, not {count} rows of {meta['dim']}"
+                held = int(count)
+            if count is not None and held != int(count):
+                return f"shard {shard}.npy holds {held} rows where meta.json counts {count}"
+            rows += held
     except (OSError, ValueError, KeyError) as exc:
         return f"it cannot be read ({type(exc).__name__}: {exc})"
     if rows != int(meta["rows"]):
         return f"its shards hold {rows} rows where meta.json counts {meta['rows']}"
     return None
+
+
+def npy_bytes(rows: int, dim: int) -> int:
+    """The size of the .npy file ``np.save`` writes for a float32 matrix of that shape (its header, then the rows)."""
+    import io
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (rows, dim)})
+    return header.tell() + rows * dim * 4
 
 
 def remove_stale_builds(root: Path, now: float | None = None) -> list[str]:

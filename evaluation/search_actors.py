@@ -64,9 +64,9 @@ class ShardSearcher:
         from evaluation.search import ResidentShards
 
         self.device, self.method = actor_device(gpus), method
-        index = CorpusIndex.at(location)  # on object storage, this node's copy (made once per node)
-        wanted = set(shards)
-        self.shards = [(offset, rows) for number, (offset, rows) in enumerate(index.shards()) if number in wanted]
+        index = CorpusIndex.at(location)
+        index.hold(shards)  # on object storage, this node's copy of these shards' embeddings (made once per node)
+        self.shards = [index.shard(number) for number in shards]
         # FAISS holds its own copy of the rows: exact search (its recall check) then reads the memory maps
         self.resident = ResidentShards(self.device, share=gpus, budget_bytes=0 if method.approximate else None)
         self.inverted: tuple | None = None  # FAISS: (size, index, row numbers) of the size searched last
@@ -166,7 +166,7 @@ def search_actors(index, pool: EncoderPool, method: SearchMethod = SearchMethod(
     resources."""
     import ray
 
-    sizes = [len(rows) for _, rows in index.shards()]
+    sizes = index.shard_rows()  # from meta.json: the driver reads no shard
     runs = assign_shards(sizes, max(1, pool.actors))
     options = {"num_cpus": pool.cpus_per_actor, **({"num_gpus": pool.gpus_per_actor} if pool.gpus_per_actor else {})}
     remote = ray.remote(ShardSearcher).options(**options)

@@ -158,9 +158,9 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_lo
     absolute margin; the groups, written by the tasks to object storage (the local S3 endpoint), equal the
     brute-force reference, read back from there as query groups and train a Stage 1 job (groups of 3, query and
     document prompts, Matryoshka at 32/16/8 dimensions, distilled from the mining scores) straight from that
-    storage. The corpus index is kept on that storage too (RAOE_INDEX_CACHE): the driver makes its node's copy (here,
-    under this test's RAOE_NODE_CACHE), and the mining actors open the index by its URI (the shared Ray's own node
-    cache) and find the rows the reference finds."""
+    storage. The corpus index is kept on that storage too (RAOE_INDEX_CACHE): the driver checks it from a listing and
+    copies none of it (here, under this test's RAOE_NODE_CACHE), and the mining tasks and actors open the index by
+    its URI (the parts they read, in the shared Ray's own node cache) and find the rows the reference finds."""
     from data_pipelines.readers import load_corpus
     from encoders.sources import resolve_model_source
     from storage.paths import storage_path
@@ -183,7 +183,7 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_lo
     assert result["corpus_rows"] == len({p for _, p in entailed})
     assert result["positives_encoded"] == 0  # each positive scored from its embedding in the index (on S3)
     assert result["output_path"] == s3.uri("mined/data") and result["plot"] == s3.uri("mined/scores.png")
-    assert result["index_path"].startswith(s3.uri("indexes/")) and len(list((tmp_path / "node").glob("index-*/"))) == 1
+    assert result["index_path"].startswith(s3.uri("indexes/")) and not list((tmp_path / "node").glob("index-*/"))
     assert storage_path(result["plot"]).read_bytes().startswith(b"\x89PNG")
     ds, report = load_corpus("groups", result["output_path"], fmt="groups_jsonl")
     mined = ds.take_all()
@@ -417,10 +417,11 @@ def test_positives_the_index_holds_are_read_from_it_and_only_the_others_encoded(
 
 def test_positives_grouped_by_query_are_whole_distinct_sorted_and_aligned_with_their_rows(ray_local):
     """Each query's positives come back once each, sorted, each beside its own index row, however the pairs are
-    spread over input blocks (a query's pairs in several) and over the hash partitions; repeated pairs count once."""
+    spread over input blocks (a query's pairs in several) and over the hash partitions; repeated pairs count once.
+    The groups then reach the encoder actors in blocks of one call each (every actor gets calls)."""
     import ray
 
-    from data_pipelines.mining import positives_by_query
+    from data_pipelines.mining import in_encoder_calls, positives_by_query
 
     rng = np.random.default_rng(0)
     pairs = [{"text1": f"query {q}", "text2": f"{WORDS[p]} {q % 3}", "positive_row": 100 * q + p}
@@ -431,7 +432,10 @@ def test_positives_grouped_by_query_are_whole_distinct_sorted_and_aligned_with_t
     for pair in pairs:
         want.setdefault(pair["text1"], {})[pair["text2"]] = pair["positive_row"]
     for partitions in (1, 3):
-        got = positives_by_query(ray.data.from_items(pairs, override_num_blocks=6), partitions).take_all()
+        grouped = positives_by_query(ray.data.from_items(pairs, override_num_blocks=6), partitions).materialize()
+        calls, rows = in_encoder_calls(grouped, queries_per_batch=4, actors=2)
+        assert rows == 5 and calls.materialize().num_blocks() == 8  # 40 queries: 4 calls for each of 2 actors
+        got = calls.take_all()
         assert len(got) == len(want)
         for row in got:
             known = want[row["text1"]]

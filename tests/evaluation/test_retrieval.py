@@ -511,7 +511,9 @@ def test_a_cached_index_that_lost_a_file_is_built_again_and_killed_builds_go_aft
     (folder / f"{names[1]}.arrow").unlink()
     assert index_problem(folder) == f"shard {names[1]}.arrow is missing"
     (folder / f"{names[0]}.npy").unlink()
-    assert index_problem(folder).startswith("it cannot be read (FileNotFoundError")
+    assert index_problem(folder) == f"shard {names[0]}.npy is missing"
+    (folder / "meta.json").write_text("{")
+    assert index_problem(folder).startswith("it cannot be read (JSONDecodeError")
     old, fresh = tmp_path / ".key.12-ab.tmp", tmp_path / ".key.13-cd.tmp"
     for staging, age in ((old, 2 * 86400), (fresh, 3600)):
         (staging / "part").mkdir(parents=True)
@@ -547,8 +549,8 @@ def test_the_index_cache_keeps_under_its_limit_by_least_recent_use(tmp_path):
 def test_an_index_cache_on_object_storage_gives_the_evaluator_numbers_and_each_node_copies_it_once(tmp_path, monkeypatch,
                                                                                                ray_local, s3):
     """RAOE_INDEX_CACHE on object storage (the local S3 endpoint): the actors write the shards there and meta.json
-    commits them; the search maps this node's copy of the index, made once. The metrics are sentence-transformers'
-    (as for a local cache, above); a second evaluation reads the index (nothing written again) from the same copy.
+    commits them; the driver copies only the index's id column to its node, once. The metrics are sentence-
+    transformers' (as for a local cache, above); a second evaluation reads the index (nothing written again).
     About 30-50 s: each of the two evaluations starts its encoder actor pools (the corpus, the queries), the one way
     to show the shards written by the actors to S3 and searched from the node's copy."""
     from encoders.backbone import build_encoder, export_encoder
@@ -578,8 +580,54 @@ def test_an_index_cache_on_object_storage_gives_the_evaluator_numbers_and_each_n
     again = sorted(files_under(storage_path(s3.uri("indexes"))))
     assert [f for f in again if not f[0].endswith("last_used")] == [f for f in stored if not f[0].endswith(
         "last_used")]  # read, not built again
-    copies = [p for p in (tmp_path / "node").iterdir() if p.is_dir()]
-    assert len(copies) == 1 and copies[0].name.startswith("index-")
+    copies = sorted(p.name for p in (tmp_path / "node").iterdir() if p.is_dir())
+    assert [c.split("-", 3)[-1] for c in copies] == ["columns"], copies  # the driver: the ids of the rows found,
+    # once for both evaluations, and no embeddings (the search actor copies its shards' on its node)
+
+
+def test_a_node_copies_only_the_parts_of_an_index_on_object_storage_that_it_reads(tmp_path, monkeypatch, s3):
+    """An index on object storage is checked whole from one listing (each shard's files, their sizes against
+    meta.json's row counts), and read through node copies of what is read: the ids and texts alone for a join or a
+    lookup, a search actor's own shards' embeddings alone (not the whole index on every node); rows anywhere (a
+    mining batch's known positives) by ranged reads, copying nothing."""
+    from evaluation.corpus_index import CorpusIndex, index_problem, write_shard
+    from storage.paths import storage_path
+
+    monkeypatch.setenv("RAOE_NODE_CACHE", str(tmp_path / "node"))
+    rng, location, names, stored = np.random.default_rng(0), s3.uri("index"), [], []
+    for shard in range(4):
+        emb = rng.standard_normal((3, 5)).astype(np.float32)
+        names += write_shard({"id": np.array([f"d{shard}{i}" for i in range(3)], dtype=object), "embedding": emb,
+                              "text": np.array([f"text {shard}{i}" for i in range(3)], dtype=object)}, location)["shard"]
+        stored.append(emb)
+    meta = {"rows": 12, "dim": 5, "shards": names, "shard_rows": [3] * 4, "text": True}
+    storage_path(f"{location}/meta.json").write_text(json.dumps(meta))
+    assert index_problem(location) is None
+
+    def held():
+        return {p.name.split("-", 3)[-1]: sorted(f.name for f in p.iterdir() if f.name != ".complete")
+                for p in (tmp_path / "node").iterdir() if p.is_dir()}
+
+    index = CorpusIndex.at(location)
+    assert index.ids_and_rows(0, 4)["row"].to_pylist() == list(range(12)) and index.take("text", [4]) == ["text 11"]
+    assert held() == {"columns": sorted([f"{n}.arrow" for n in names] + ["meta.json"])}
+    searcher = CorpusIndex.at(location)
+    searcher.hold([2, 3])
+    for number in (2, 3):
+        offset, rows = searcher.shard(number)
+        assert offset == 3 * number and np.array_equal(rows, stored[number])
+    assert held()["embeddings-2-3-2"] == sorted([f"{names[2]}.npy", f"{names[3]}.npy", "meta.json"])
+    reader = CorpusIndex.at(location)  # rows anywhere (a mining batch's positives): read by ranges, nothing copied
+    np.testing.assert_array_equal(reader.embeddings([10, 1, 11]), [stored[3][1], stored[0][1], stored[3][2]])
+    assert "embeddings" not in held()
+    assert sum(len(rows) for _, rows in reader.shards()) == 12  # every shard's: the whole embeddings copied once
+    assert len(held()["embeddings"]) == 5
+    np.testing.assert_array_equal(reader.embeddings([4]), stored[1][1:2])  # now from that copy
+
+    storage_path(f"{location}/meta.json").write_text(json.dumps({**meta, "shard_rows": [3, 3, 4, 2]}))
+    assert index_problem(location).startswith(f"shard {names[2]}.npy holds ")  # its size is 3 rows', not 4
+    storage_path(f"{location}/{names[1]}.npy").unlink()
+    assert index_problem(location) == f"shard {names[1]}.npy is missing"
 
 
 def test_the_index_cache_on_object_storage_keeps_under_its_limit_by_least_recent_use(s3):
