@@ -529,12 +529,13 @@ def encoder_rows(queries: int, queries_per_batch: int, actors: int) -> int:
 
 
 def in_encoder_calls(groups, queries_per_batch: int, actors: int):
-    """(The grouped queries in blocks of one encoder call each, the call's rows): a group-by's output is one block
-    per partition (one of 100,000 queries here), and an actor pool hands out blocks: without the split one actor
-    encodes every query while the others wait."""
+    """(The grouped queries in blocks of one encoder call each, materialised, the call's rows): a group-by's output
+    is one block per partition (one of 100,000 queries here), and an actor pool hands out blocks: without the split
+    one actor encodes every query while the others wait. Split before the actors start: a split task waiting for a
+    CPU the actors hold would wait forever."""
     queries = groups.count()
     rows = encoder_rows(queries, queries_per_batch, actors)
-    return groups.repartition(max(1, -(-queries // rows))), rows
+    return groups.repartition(max(1, -(-queries // rows))).materialize(), rows
 
 
 def _pick_negatives(batch: dict[str, np.ndarray], settings: MiningSettings):

@@ -238,7 +238,9 @@ def test_single_positive_queries_mine_what_sentence_transformers_mines(ray_local
     absolute_margin, num_negatives; range_max above the corpus size, where the two tools' candidate pools differ by
     design, see data_pipelines/mining.py): the same negatives, in the same order, with the same scores, for every
     query with one positive; a query with two is held to the lowest. The positives, in the corpus, are scored from
-    the index's stored embeddings, never encoded again, and score as sentence-transformers' encoded ones."""
+    the index's stored embeddings, never encoded again, and score as sentence-transformers' encoded ones. Two actors
+    of 1 CPU hold every CPU of the shared Ray, as a user's pools hold their node's: a task between phases that
+    needed a CPU would hang the job. About 40 s: each pool starts two actors that load the model."""
     from datasets import Dataset
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import mine_hard_negatives
@@ -257,9 +259,10 @@ def test_single_positive_queries_mine_what_sentence_transformers_mines(ray_local
     model = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32), tmp_path / "model")
     rules = {"range_max": 80, "range_min": 1, "absolute_margin": 0.0, "relative_margin": None, "negatives_per_row": 3}
     job = _mine_job()
-    result = job.main(job.MineJobConfig(data={"train": str(data)}, output_dir=str(tmp_path / "mined"),
-                                        cpus_per_actor=0.5, mining={"model": str(model), "corpus": str(corpus), **rules},
-                                        tracking={"experiment": "raoe-test"}))
+    result = job.main(job.MineJobConfig(data={"train": str(data)}, output_dir=str(tmp_path / "mined"), actors=2,
+                                        cpus_per_actor=1.0, mining={"model": str(model), "corpus": str(corpus), **rules},
+                                        tracking={"experiment": "raoe-test"}))  # the pools hold every CPU of the
+    # shared Ray, as on a user's node: a task between phases that needed one would wait forever
     ours = {r["query"]: r for f in sorted(Path(result["output_path"]).glob("*.json*")) for r in map(json.loads, open(f))}
 
     theirs = mine_hard_negatives(
@@ -434,7 +437,7 @@ def test_positives_grouped_by_query_are_whole_distinct_sorted_and_aligned_with_t
     for partitions in (1, 3):
         grouped = positives_by_query(ray.data.from_items(pairs, override_num_blocks=6), partitions).materialize()
         calls, rows = in_encoder_calls(grouped, queries_per_batch=4, actors=2)
-        assert rows == 5 and calls.materialize().num_blocks() == 8  # 40 queries: 4 calls for each of 2 actors
+        assert rows == 5 and calls.num_blocks() == 8  # 40 queries: 4 calls for each of 2 actors, split already
         got = calls.take_all()
         assert len(got) == len(want)
         for row in got:
