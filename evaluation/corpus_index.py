@@ -35,7 +35,7 @@ import numpy as np
 from encoders.cache import building, cache_root
 from encoders.devices import EncoderPool, pool_resources
 from storage.digests import content_digests, hub_revision, tree_digest
-from storage.node_cache import node_cache_root, node_copy
+from storage.node_cache import COMPLETE, node_cache_root, node_copy
 from storage.paths import ABANDONED_AFTER_S, files_under, is_uri, join, remove_tree, storage_path, writable_path
 
 SHARD_ROWS = 16384  # rows per shard file: the chunk of one search step
@@ -213,8 +213,6 @@ class CorpusIndex:
         return self._parts[part]
 
     def _whole_on_node(self, part: str) -> bool:
-        from storage.node_cache import COMPLETE
-
         return part in self._parts or (self.path.with_name(f"{self.path.name}-{part}") / COMPLETE).exists()
 
 
