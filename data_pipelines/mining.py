@@ -364,8 +364,14 @@ class QueryEncoder:
             scores[:] = found
         counted = np.zeros(len(queries), dtype=np.int64)
         counted[:1] = encoded  # the batch's count, on its first row
-        return {"text1": batch["text1"], "positives": batch["positives"], "positive_rows": batch["positive_rows"],
+        return {"text1": batch["text1"], "positives": _listed(batch["positives"]), "positive_rows": batch["positive_rows"],
                 "query_embedding": q_emb, "positive_scores": scores, "positives_encoded": counted}
+
+
+def _listed(texts_of: np.ndarray) -> list[list[str]]:
+    """A numpy batch's column of text lists (each an object ndarray) as Python lists: Ray Data cannot write an
+    object ndarray of object ndarrays back to Arrow and would pickle the column."""
+    return [list(texts) for texts in texts_of]
 
 
 def _search_candidates(batch: dict[str, np.ndarray], actors: list, rows: int, range_max: int,
@@ -378,7 +384,7 @@ def _search_candidates(batch: dict[str, np.ndarray], actors: list, rows: int, ra
     widest = max(len(p) for p in batch["positives"]) + 1
     scores, found = SearchActors(actors, rows, method).search(batch["query_embedding"], range_max + widest)
     listed = lambda values: np.array([v[r >= 0] for v, r in zip(values, found)] + [None], dtype=object)[:-1]  # noqa: E731
-    return {"text1": batch["text1"], "positives": batch["positives"],
+    return {"text1": batch["text1"], "positives": _listed(batch["positives"]),
             "positive_scores": batch["positive_scores"], "positive_rows": batch["positive_rows"],
             "positives_encoded": batch["positives_encoded"],
             "candidate_rows": listed(found),
