@@ -100,7 +100,7 @@ class CorpusIndex:
         if not is_uri(self.location) or not shards or self._whole_on_node("embeddings"):
             return
         part = f"embeddings-{min(shards)}-{max(shards)}-{len(shards)}"
-        folder = self._node_part(part, [f"{self.meta['shards'][s]}.npy" for s in shards])
+        folder = self._node_part(part, shards, "npy")
         self._held.update({s: folder for s in shards})
 
     def take(self, name: str, rows) -> list[str]:
@@ -203,11 +203,12 @@ class CorpusIndex:
             return self.path / name
         if ext == "npy" and shard in self._held:
             return self._held[shard] / name
-        kind = "embeddings" if ext == "npy" else "columns"
-        return self._node_part(kind, [f"{s}.{ext}" for s in self.meta["shards"]]) / name
+        return self._node_part("embeddings" if ext == "npy" else "columns", range(len(self.meta["shards"])), ext) / name
 
-    def _node_part(self, part: str, files: list[str]) -> Path:
+    def _node_part(self, part: str, shards, ext: str) -> Path:
+        """This node's copy of ``part``: the ``ext`` files of ``shards`` (listed only when it is first copied)."""
         if part not in self._parts:
+            files = [f"{self.meta['shards'][s]}.{ext}" for s in shards]
             self._parts[part] = node_copy(self.location, f"{self.path.name}-{part}", files=files,
                                           contents={"meta.json": self.remote_meta})
         return self._parts[part]
