@@ -3,11 +3,15 @@ the submit-latency benchmark)."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -36,24 +40,67 @@ def head_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 class LocalHead:
-    """`ray start --head` bound to 127.0.0.1 on free ports for the length of a `with` block; `ray stop` after."""
+    """`ray start --head --block` bound to 127.0.0.1 on free ports for the length of a `with` block, stopped by a
+    signal after: this head, its workers and its jobs go, and any other Ray on the machine stays (`ray stop` would end
+    every Ray the user runs, a test session's beside it too)."""
+
+    START_TIMEOUT_S = 180
 
     def __init__(self, env: dict[str, str], num_cpus: int = 2):
-        self.env, self.num_cpus = env, num_cpus
+        # Stopped at once: Ray's graceful drain would wait up to 30 s for running work first.
+        self.env, self.num_cpus = {**env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}, num_cpus
         self.dashboard = free_port()
         self.address = f"http://127.0.0.1:{self.dashboard}"
         self.returncode: int | None = None
+        self._head: subprocess.Popen | None = None
+        self._said: collections.deque[str] = collections.deque(maxlen=40)  # the head's last lines, for errors
 
     def __enter__(self) -> LocalHead:
-        cmd = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()),
-               "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard),
+        cmd = [str(VENV_BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+               "--port", str(free_port()), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard),
+               # Ray's fixed defaults for these are taken when another Ray runs on the machine
+               "--dashboard-agent-listen-port", str(free_port()), "--ray-client-server-port", str(free_port()),
                "--num-cpus", str(self.num_cpus), "--disable-usage-stats",
                "--system-config", json.dumps(LOCAL_SYSTEM_CONFIG)]
-        subprocess.run(cmd, env=self.env, check=True, stdout=subprocess.DEVNULL)
+        self._head = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True)  # its own process group, stopped as one
+        started = threading.Event()
+        threading.Thread(target=self._listen, args=(started,), daemon=True).start()
+        try:
+            deadline = time.monotonic() + self.START_TIMEOUT_S
+            while not started.wait(0.2):  # `ray start --block` says so once the head is up, then waits
+                if self._head.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"`ray start --head` {self._why_not_up()}:\n{''.join(self._said)}")
+        except BaseException:
+            self._stop()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
-        subprocess.run([str(VENV_BIN / "ray"), "stop"], env=self.env, stdout=subprocess.DEVNULL, check=False)
+        self._stop()
+
+    def _listen(self, started: threading.Event) -> None:
+        for line in self._head.stdout:
+            self._said.append(line)
+            if "Ray runtime started" in line:
+                started.set()
+
+    def _why_not_up(self) -> str:
+        code = self._head.poll()
+        return f"exited with {code}" if code is not None else f"not up after {self.START_TIMEOUT_S} s"
+
+    def _stop(self) -> None:
+        """SIGTERM: `ray start --block` stops the processes it started (GCS, raylet, agents; workers and job drivers
+        go with them); anything left in its process group after a minute is killed."""
+        if self._head.poll() is None:
+            self._head.terminate()
+            try:
+                self._head.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._head.pid, signal.SIGKILL)
+        self._head.wait()
 
     def submit(self, entrypoint: list[str], runtime_env: dict, cwd: Path, attempts: int = 5) -> Iterator[str]:
         """`ray job submit --working-dir .` from ``cwd``; yields the output lines (the CLI's and the job's) as they

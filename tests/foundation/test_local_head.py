@@ -9,7 +9,7 @@ import ray
 from runtime import local_head
 from runtime.local_head import AGENT_NOT_READY, LocalHead, head_env
 
-pytestmark = pytest.mark.own_ray  # `ray stop` ends every Ray here, the shared one too
+pytestmark = pytest.mark.own_ray  # a head of its own, with the machine's CPUs, in place of the shared Ray
 
 
 def _fake_ray(folder, script: str):
@@ -46,7 +46,7 @@ def test_submission_is_repeated_only_while_the_job_agent_is_not_up(tmp_path, mon
 def test_a_submitted_job_registers_a_model_that_outlives_the_cluster(tmp_path, monkeypatch, s3):
     """As the README's first commands run it: `ray job submit --working-dir .` with only an absolute sqlite store
     set. The job runs in Ray's scratch copy of the repository; its outputs, checkpoints and the registered model's
-    artifacts must land outside it (RAOE_HOME), so the model still loads after `ray stop`. The job's output reaches
+    artifacts must land outside it (RAOE_HOME), so the model still loads after the head is stopped. The job's output reaches
     the submitter (its JSON line) and so does its runtime env (the store it wrote is the one given there). Its
     corpus is on object storage (the local S3 endpoint the head's nodes reach through the AWS variables)."""
     import json
@@ -54,7 +54,7 @@ def test_a_submitted_job_registers_a_model_that_outlives_the_cluster(tmp_path, m
 
     import mlflow
 
-    if ray.is_initialized():  # `ray stop` at the end stops every Ray on this machine, an embedded one too
+    if ray.is_initialized():  # the head gets the machine's CPUs to itself
         ray.shutdown()
     root = Path(__file__).resolve().parents[2]
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -128,7 +128,7 @@ def test_head_restarted_and_resubmitted(place, reference):
             time.sleep(3)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         wait_for_step(env, "head-restarted", 5)
-    # `ray stop` took the head, the job and its workers down; a new head, the same job submitted again
+    # stopping the head took the job and its workers down; a new head, the same job submitted again
     started = time.monotonic()
     with LocalHead(clean) as head:
         lines = list(head.submit(["python", *job_args(root, "head-restarted")], {"env_vars": job_env}, cwd=ROOT))
@@ -137,7 +137,7 @@ def test_head_restarted_and_resubmitted(place, reference):
     result = json.loads(next(line for line in reversed(lines) if line.startswith('{"job"')))
     end = check_same_end(env, reference, result)
     assert result["resumed"] is True
-    record("Ray head stopped (ray stop) after step 5, restarted, job resubmitted", **end, resubmit_seconds=seconds,
+    record("Ray head stopped after step 5, restarted, job resubmitted", **end, resubmit_seconds=seconds,
            uninterrupted_seconds=reference[1], data_lost="none (trainer.storage_path outside the cluster)")
 
 
