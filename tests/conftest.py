@@ -34,6 +34,13 @@ def _free_port() -> int:
 # test first needs it), never a real bucket: its address and throwaway keys are set before any Ray starts, so every
 # worker of every local Ray reaches it as a cluster's nodes reach S3, through the standard AWS variables.
 # (This file is imported twice, as pytest's conftest and as tests.conftest: both must name the same port.)
+# Under pytest-xdist (make test runs two workers) each worker is a session of its own: its own S3 server, node cache
+# and local Ray, never the ones its controller's environment named.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER and os.environ.get("RAOE_TEST_SESSION") != XDIST_WORKER:
+    os.environ["RAOE_TEST_SESSION"] = XDIST_WORKER
+    for _key in ("RAOE_TEST_S3_ENDPOINT", "RAOE_NODE_CACHE"):
+        os.environ.pop(_key, None)
 S3_ENDPOINT = os.environ.setdefault("RAOE_TEST_S3_ENDPOINT", f"http://127.0.0.1:{_free_port()}")
 os.environ.update(AWS_ENDPOINT_URL=S3_ENDPOINT, AWS_ACCESS_KEY_ID="raoe-test", AWS_SECRET_ACCESS_KEY="raoe-test",
                   AWS_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
@@ -173,14 +180,78 @@ def pytest_runtest_setup(item):
         shared_ray()
 
 
+# make test runs the suite on two pytest-xdist workers (pyproject's addopts), each with its own local Ray: a worker takes
+# whole modules (a module's fixtures train once) or whole groups of them, and the costliest go first, so that neither
+# worker is left with a long module at the end.
+XDIST_GROUPS = {
+    # every own_ray module, one after another on one worker: each stops that worker's shared Ray, which starts again
+    # once after them instead of after each
+    "tests/foundation/test_local_head.py": "own-ray",
+    "tests/foundation/test_local_ray.py": "own-ray",
+    "tests/training/test_multinode.py": "own-ray",
+    "tests/tuning/test_sweep.py": "own-ray",
+    # both check the one run of tests/training/conftest.py::simcse_retrieval_dev_run
+    "tests/training/test_simcse_training.py": "simcse-retrieval-dev-run",
+    "tests/training/test_dev_selection.py": "simcse-retrieval-dev-run",
+}
+# Seconds each took on one of two workers on this 2-core machine (2026-11-28); the rest follow in collection order.
+COSTLIEST_FIRST = {
+    "own-ray": 241,
+    "tests/data_pipelines/test_mining.py": 190,
+    "tests/training/test_distributed.py": 183,
+    "tests/evaluation/test_retrieval.py": 153,
+    "tests/training/test_posttrain.py": 129,
+    "tests/training/test_relational.py": 97,
+    "tests/training/test_exact_resume.py": 94,
+    "tests/training/test_recovery_and_registry.py": 86,
+    "tests/data_pipelines/test_annotate.py": 75,
+    "tests/training/test_unsupervised.py": 71,
+    "tests/data_pipelines/test_embed.py": 62,
+    "tests/data_pipelines/test_ranked_decoding.py": 43,
+    "tests/training/test_exact_batch.py": 37,
+}
+
+
+def xdist_unit(nodeid: str) -> str:
+    """What one xdist worker runs whole: the test's group, else its module."""
+    module = nodeid.split("::", 1)[0]
+    return XDIST_GROUPS.get(module, module)
+
+
 def pytest_collection_modifyitems(session, config, items):
     """Modules marked ``own_ray`` stop the shared local Ray (a head of their own, two nodes, a sweep's Ray, the
-    loopback test) and run after every other test, in their order: the shared Ray then starts once a session and
-    keeps its warm worker pool, instead of starting again (~8 s, and cold Pythons for the next Ray Data operators)
-    after each of them."""
+    loopback test). In one process they run after every other test, in their order: the shared Ray then starts once a
+    session and keeps its warm worker pool, instead of starting again (~8 s, and cold Pythons for the next Ray Data
+    operators) after each of them. On xdist workers they are one unit (XDIST_GROUPS), and units go costliest first."""
+    unlisted = sorted({item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("own_ray")
+                       and xdist_unit(item.nodeid) != "own-ray"})
+    if unlisted:
+        raise pytest.UsageError(f"marked own_ray but not in tests/conftest.py's XDIST_GROUPS: {', '.join(unlisted)}")
+    if XDIST_WORKER:
+        costliest = list(COSTLIEST_FIRST)
+        rank = {unit: n for n, unit in enumerate(costliest)}
+        order = {id(item): n for n, item in enumerate(items)}
+        items.sort(key=lambda item: (rank.get(xdist_unit(item.nodeid), len(costliest)), order[id(item)]))
+        return
     last = [item for item in items if item.get_closest_marker("own_ray")]
     if last:
         items[:] = [item for item in items if not item.get_closest_marker("own_ray")] + last
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Whole units (xdist_unit) per worker, in the order the workers collected them (costliest first). xdist's own
+    ``loadgroup`` marks groups by renaming nodeids, which pytest 9 no longer lets a plugin do."""
+    if config.getvalue("dist") != "loadscope":
+        return None  # another --dist asked for on the command line: xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WholeUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return WholeUnits(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)

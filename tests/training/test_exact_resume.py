@@ -6,6 +6,7 @@ DeepSpeed. The killed run keeps its checkpoints on object storage (the local S3 
 resume from there. Its workers also map the corpus from the node's copy of its files on that storage
 (data.node_local), the uninterrupted run's from Ray's object store: the same rows at every step either way."""
 
+import contextlib
 import json
 import threading
 import time
@@ -24,8 +25,13 @@ STRATEGIES = {"ddp": ("trainer.strategy=ddp",), "zero-2": ("trainer.strategy=dee
 
 
 def _train_workers() -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"])
-            if (p.info["cmdline"] or [""])[0].startswith("ray::RayTrainWorker")]
+    """This session's Ray Train workers: the local Ray is this process's child (another xdist worker runs its own)."""
+    workers = []
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if (process.cmdline() or [""])[0].startswith("ray::RayTrainWorker"):
+                workers.append(process)
+    return workers
 
 
 def _kill_a_worker_after(run_name: str, step: int, timeout: float = 600) -> dict:
