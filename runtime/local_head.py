@@ -65,12 +65,15 @@ class LocalHead:
         self._head = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       start_new_session=True)  # its own process group, stopped as one
         started = threading.Event()
-        threading.Thread(target=self._listen, args=(started,), daemon=True).start()
+        listener = threading.Thread(target=self._listen, args=(started,), daemon=True)
+        listener.start()
         try:
             deadline = time.monotonic() + self.START_TIMEOUT_S
             while not started.wait(0.2):  # `ray start --block` says so once the head is up, then waits
                 if self._head.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"`ray start --head` {self._why_not_up()}:\n{''.join(self._said)}")
+                    why = self._why_not_up()
+                    listener.join(timeout=5)  # the last lines of a head that exited
+                    raise RuntimeError(f"`ray start --head` {why}:\n{''.join(self._said)}")
         except BaseException:
             self._stop()
             raise

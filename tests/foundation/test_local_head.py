@@ -1,8 +1,11 @@
 """The local head the demo and the submit-latency benchmark use: a real `ray start --head` + `ray job submit`,
 and the repeated submission while the head's job agent is not up yet."""
 
+import os
 import stat
+import subprocess
 
+import psutil
 import pytest
 import ray
 
@@ -41,6 +44,33 @@ def test_submission_is_repeated_only_while_the_job_agent_is_not_up(tmp_path, mon
     _fake_ray(tmp_path, f'echo x >> {counter}\necho "{AGENT_NOT_READY}"; exit 1\n')
     list(head.submit(["python", "job.py"], {}, cwd=tmp_path, attempts=3))
     assert head.returncode == 1 and len(counter.read_text().splitlines()) == 3
+
+
+def test_a_head_that_fails_to_start_is_reported_with_its_last_lines(tmp_path, monkeypatch):
+    monkeypatch.setattr(local_head, "VENV_BIN", tmp_path)
+    _fake_ray(tmp_path, 'echo "starting"\necho "ValueError: Resource quantities must be nonnegative"\nexit 3\n')
+    with pytest.raises(RuntimeError, match="exited with 3:\nstarting\nValueError: Resource quantities must be"):
+        with LocalHead(head_env()):
+            pass
+
+
+def test_the_head_goes_with_its_process_group_and_nothing_else(tmp_path, monkeypatch):
+    """The head runs in a process group of its own and is stopped by a signal: what it started goes with it, a
+    process that ignores SIGTERM too (killed with the group), and a process outside the group stays."""
+    monkeypatch.setattr(local_head, "VENV_BIN", tmp_path)
+    pid_file = tmp_path / "child.pid"
+    outsider = subprocess.Popen(["sleep", "300"])
+    _fake_ray(tmp_path, f'(trap "" TERM; sleep 300) &\necho $! > {pid_file}\necho "Ray runtime started."\nsleep 300\n')
+    try:
+        with LocalHead(head_env()) as head:
+            child = psutil.Process(int(pid_file.read_text()))
+            assert child.is_running() and os.getpgid(child.pid) == head._head.pid
+        gone, alive = psutil.wait_procs([child], timeout=10)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        assert head._head.returncode is not None and outsider.poll() is None
+    finally:
+        outsider.kill()
+        outsider.wait()
 
 
 def test_a_submitted_job_registers_a_model_that_outlives_the_cluster(tmp_path, monkeypatch, s3):
