@@ -79,18 +79,23 @@ def _reference(model_dir, pairs, corpus, rules: dict, teacher_dir=None):
     return expected, without, dropped
 
 
-def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_path, monkeypatch):
+def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_path, monkeypatch, s3):
     """Relative margin against each query's lowest positive, range_min, a teacher re-scoring (the tiny model pooled
     by its last token: other scores, so other candidates pass the margin than the mining model's own scores would let
     through) from its own index of the corpus, row for row the mining model's (the queries may find every corpus
     text); the corpus lacks a third of the positives, which the teacher encodes; the mining model has query and
-    document prompts, which the reference applies by side. About 35 s in the suite: the one run of the teacher path
-    end to end starts four actor pools (the corpus, the teacher's index of it, the queries, the teacher's mining
-    actors), each a process that imports the encoder stack and loads its model."""
+    document prompts, which the reference applies by side. Both indexes are kept on object storage (the local S3
+    endpoint, RAOE_INDEX_CACHE): the teacher's is built from the mining model's there, the actors read both by their
+    URIs, and the driver copies neither. About 60 s alone here (as long with a local cache): the one run of the
+    teacher path end to end starts four actor pools (the corpus, the teacher's index of it, the queries, the teacher's
+    mining actors), each a process that imports the encoder stack and loads its model."""
     from encoders.backbone import build_encoder, export_encoder
     from encoders.sources import resolve_model_source
+    from storage.paths import files_under, join, storage_path
 
     _private_stores(monkeypatch, tmp_path)
+    monkeypatch.setenv("RAOE_INDEX_CACHE", s3.uri("indexes"))
+    monkeypatch.setenv("RAOE_NODE_CACHE", str(tmp_path / "node"))
     rng = np.random.default_rng(3)
     pairs = _pairs(rng)
     data = tmp_path / "pairs.jsonl"
@@ -134,9 +139,13 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
     from evaluation.corpus_index import CorpusIndex
     from evaluation.search import normalised
 
-    metas = {f.parent: json.loads(f.read_text()) for f in (tmp_path / "cache").rglob("meta.json")}
-    aligned = [CorpusIndex.at(str(folder)) for folder, meta in metas.items() if meta.get("aligned_with")]
+    assert result["index_path"].startswith(s3.uri("indexes/")) and not list((tmp_path / "node").glob("index-*/"))
+    kept = [join(s3.uri("indexes"), name.removesuffix("/meta.json"))
+            for name, _, _ in files_under(storage_path(s3.uri("indexes"))) if name.endswith("/meta.json")]
+    metas = {folder: json.loads(storage_path(join(folder, "meta.json")).read_text()) for folder in kept}
+    aligned = [CorpusIndex.at(folder) for folder, meta in metas.items() if meta.get("aligned_with")]
     assert len(metas) == 2 and len(aligned) == 1 and aligned[0].meta["model_path"] == str(teacher)
+    assert aligned[0].meta["aligned_with"] == result["index_path"]
     own = CorpusIndex.at(aligned[0].meta["aligned_with"])
     rows = np.arange(own.rows)
     encoded = normalised(inference_embeddings(load_encoder(teacher), own.take("text", rows), side="document"))
