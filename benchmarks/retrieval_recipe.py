@@ -10,7 +10,7 @@ offline BEIR tasks of scripts/make_beir_sets.py (SNLI *test* premises retrieving
 hypotheses, STS-B dev sentence 1 retrieving sentence 2 among 1,467) and the STS tasks the development data holds
 (STS12 and STS-B dev; the other five of the seven are not there). Nothing of SNLI test is trained on. Then the
 step time in process (MiniLM, this CPU): groups of 8 against pairs, Matryoshka against without.
-Results: ``benchmarks/results/retrieval_recipe.{json,md}``.
+Results: ``benchmarks/results/retrieval_recipe.{json,md}`` (with --skip-jobs, ``retrieval_recipe_steps.{json,md}``).
 
   python benchmarks/retrieval_recipe.py [--max-rows 0] [--skip-jobs]
 """
@@ -42,10 +42,16 @@ STEP_QUERIES, TIMED_STEPS = 32, 6
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-rows", type=int, default=0, help="cap on SNLI dev rows read for mining (0: all)")
-    parser.add_argument("--skip-jobs", action="store_true", help="only the in-process step timings")
+    parser.add_argument("--skip-jobs", action="store_true", help="only the in-process step timings (written to "
+                        "retrieval_recipe_steps.{json,md}, beside the last full run's)")
     args = parser.parse_args()
     jobs = {} if args.skip_jobs else run_jobs(args.max_rows)
     steps = step_times()
+    if args.skip_jobs:  # the step times alone, beside the last full run's results
+        lines = ["# The retrieval recipe's step time", *step_lines(steps)]
+        payload = {"machine": machine(), "student": STUDENT, "step_seconds": steps}
+        print(write_results("retrieval_recipe_steps", payload, "\n".join(lines) + "\n").read_text())
+        return
     report(jobs, steps)
 
 
@@ -88,7 +94,10 @@ def run_jobs(max_rows: int) -> dict:
 def step_times() -> dict:
     """Seconds per optimizer step of the recipe's step on this CPU (MiniLM, 32 queries, one worker, no Ray): pairs
     (group_size 1: each query's positive, in-batch negatives only) against groups of 8, and groups of 8 with
-    Matryoshka at 384/256/128/64 against without. The median of TIMED_STEPS steps after one untimed."""
+    Matryoshka at 384/256/128/64 against without. The three take their steps in turn (one of each a round, each on
+    its own copy of the model), so that this VM's drift over a minute falls on all three alike; the median of
+    TIMED_STEPS rounds after one untimed. Beside them, the objective alone (forward and backward on a step's
+    embeddings), the only part of the step that Matryoshka changes."""
     import numpy as np
     import torch
 
@@ -106,8 +115,14 @@ def step_times() -> dict:
     groups = _snli_groups(STEP_QUERIES * (TIMED_STEPS + 1))
     rows = {k: np.array(v + [None], dtype=object)[:-1] for k, v in groups.items()}
     kind = TRAINING_KINDS["groups"]
+    matryoshka = ((384, 1.0), (256, 1.0), (128, 1.0), (64, 1.0))
+    settings = {"pairs": (1, ()), "groups of 8": (8, ()), "groups of 8, Matryoshka": (8, matryoshka)}
 
-    def seconds_per_step(group_size: int, matryoshka: tuple) -> float:
+    def objective(group_size: int, dims: tuple) -> CompositeObjective:
+        weights = {"infonce": 1.0, "distill_kl": 1.0} if group_size > 1 else {"infonce": 1.0}
+        return CompositeObjective(weights, {"distill_kl": {"tau": 0.05, "teacher_tau": 0.05}}, dims)
+
+    def runner(group_size: int, dims: tuple):
         torch.manual_seed(0)
         model = build_encoder(resolve_model_source(STUDENT), max_length=48,
                               prompts={"query": "query: ", "document": "passage: "}).train()
@@ -115,22 +130,49 @@ def step_times() -> dict:
         strategy = TorchStrategy(model, TrainerConfig(lr=2e-5, global_batch_size=STEP_QUERIES), plan, 1)
         batches = BatchContext(strategy.module, model, torch.device("cpu"), length_buckets=2, sides=kind.sides,
                                group_size=group_size, fields=("teacher_scores",) if group_size > 1 else ())
-        weights = {"infonce": 1.0, "distill_kl": 1.0} if group_size > 1 else {"infonce": 1.0}
-        objective = CompositeObjective(weights, {"distill_kl": {"tau": 0.05, "teacher_tau": 0.05}}, matryoshka)
-        stepper = Stepper(plan, 42, kind, batches, strategy, objective, 0)
-        feed = stepper.feed(InMemoryRows(rows), prefetch=False)
-        times = []
-        for step in range(TIMED_STEPS + 1):
+        stepper = Stepper(plan, 42, kind, batches, strategy, objective(group_size, dims), 0)
+        return stepper, strategy, stepper.feed(InMemoryRows(rows), prefetch=False)
+
+    runners = {name: runner(*setting) for name, setting in settings.items()}
+    times: dict[str, list[float]] = {name: [] for name in settings}
+    for step in range(TIMED_STEPS + 1):
+        for name, (stepper, strategy, feed) in runners.items():
             started = time.perf_counter()
             stepper(feed, step)
             strategy.step()
-            times.append(time.perf_counter() - started)
+            times[name].append(time.perf_counter() - started)
+    for _, _, feed in runners.values():
         feed.close()
-        return float(np.median(times[1:]))
+    steps = {name: float(np.median(t[1:])) for name, t in times.items()}
+    return {**steps, "objective_ms": {name: 1000 * _objective_seconds(objective(*setting), setting[0])
+                                      for name, setting in settings.items()}}
 
-    matryoshka = ((384, 1.0), (256, 1.0), (128, 1.0), (64, 1.0))
-    return {"pairs": seconds_per_step(1, ()), "groups of 8": seconds_per_step(8, ()),
-            "groups of 8, Matryoshka": seconds_per_step(8, matryoshka)}
+
+def _objective_seconds(composite, group_size: int, repeats: int = 30) -> float:
+    """Median seconds of the composite's forward and backward on a step's embeddings (32 queries, their positives
+    and 7 negatives each, 384 dimensions, teacher scores), random: the same arithmetic as in the step."""
+    import numpy as np
+    import torch
+
+    from objectives.composite import EmbeddingBatch
+
+    generator = torch.Generator().manual_seed(0)
+    negatives = STEP_QUERIES * (group_size - 1)
+    times = []
+    for _ in range(repeats):
+        fields = {"emb1": torch.randn(STEP_QUERIES, 384, generator=generator, requires_grad=True),
+                  "emb2": torch.randn(STEP_QUERIES, 384, generator=generator, requires_grad=True),
+                  "ids1": torch.arange(STEP_QUERIES), "ids2": torch.arange(STEP_QUERIES, 2 * STEP_QUERIES)}
+        if negatives:
+            fields |= {"emb_neg": torch.randn(negatives, 384, generator=generator, requires_grad=True),
+                       "ids_neg": torch.arange(2 * STEP_QUERIES, 2 * STEP_QUERIES + negatives),
+                       "teacher_scores": torch.rand(STEP_QUERIES, group_size, generator=generator)}
+        batch = EmbeddingBatch(**fields)
+        started = time.perf_counter()
+        share, _ = composite(batch)
+        share.backward()
+        times.append(time.perf_counter() - started)
+    return float(np.median(times))
 
 
 def _snli_groups(count: int) -> dict[str, list]:
@@ -190,13 +232,26 @@ def report(jobs: dict, steps: dict) -> None:
                   f"{jobs['train']['metrics']['steps']} steps.", "",
                   "Seconds (each job's wall time through ray job submit): "
                   + ", ".join(f"{k} {v:.0f}" for k, v in jobs["seconds"].items()) + "."]
-    lines += ["", f"Step time in process (MiniLM, {STEP_QUERIES} queries a step, one worker, this CPU; median of "
-              f"{TIMED_STEPS} steps):", "", "| step | seconds | against pairs |", "|---|---|---|"]
-    for name, value in steps.items():
-        lines.append(f"| {name} | {value:.2f} | {value / steps['pairs']:.2f}x |")
-    lines.append(f"\nMatryoshka costs {100 * (steps['groups of 8, Matryoshka'] / steps['groups of 8'] - 1):+.1f}% on "
-                 "groups of 8.")
+    lines += step_lines(steps)
     print(write_results("retrieval_recipe", payload, "\n".join(lines) + "\n").read_text())
+
+
+def step_lines(steps: dict) -> list[str]:
+    """The step-time table and what Matryoshka costs, in the step and in the objective alone."""
+    objective = steps["objective_ms"]
+    lines = ["", f"Step time in process (MiniLM, {STEP_QUERIES} queries a step, one worker, this CPU; the three take "
+             f"their steps in turn, median of {TIMED_STEPS} rounds), and the objective's forward and backward alone "
+             f"on a step's embeddings (median of 30):", "",
+             "| step | seconds | against pairs | objective ms |", "|---|---|---|---|"]
+    for name, value in steps.items():
+        if name != "objective_ms":
+            lines.append(f"| {name} | {value:.2f} | {value / steps['pairs']:.2f}x | {objective[name]:.1f} |")
+    matryoshka, plain = steps["groups of 8, Matryoshka"], steps["groups of 8"]
+    extra_ms = objective["groups of 8, Matryoshka"] - objective["groups of 8"]
+    lines.append(f"\nMatryoshka costs {100 * (matryoshka / plain - 1):+.1f}% on the step of groups of 8; the objective "
+                 f"at four sizes takes {extra_ms:.1f} ms more than at one, {100 * extra_ms / 1000 / plain:.1f}% of "
+                 "that step (the encoder's passes, which Matryoshka does not change, are the rest).")
+    return lines
 
 
 def _rows(jobs: dict) -> dict:
