@@ -140,6 +140,7 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
     from evaluation.search import normalised
 
     assert result["index_path"].startswith(s3.uri("indexes/")) and not list((tmp_path / "node").glob("index-*/"))
+    assert not list((tmp_path / "cache").rglob("meta.json"))  # no index in the local cache
     kept = [join(s3.uri("indexes"), name.removesuffix("/meta.json"))
             for name, _, _ in files_under(storage_path(s3.uri("indexes"))) if name.endswith("/meta.json")]
     metas = {folder: json.loads(storage_path(join(folder, "meta.json")).read_text()) for folder in kept}
@@ -458,9 +459,9 @@ def test_positives_grouped_by_query_are_whole_distinct_sorted_and_aligned_with_t
 HELD = [f"{a} {b} {c}" for a, b, c in zip(WORDS, WORDS[3:], WORDS[7:])]
 
 
-def _hand_built_index(folder: Path, model, texts: list[str], names: list[str] | None = None):
+def _hand_built_index(folder: Path, model, texts: list[str]):
     """An index of ``texts`` written here as the corpus-index builder writes one, in two shards (rows of the second
-    offset by the first), with ``model``'s unit document embeddings; ``names`` the shards' (an aligned index's)."""
+    offset by the first), with ``model``'s unit document embeddings."""
     from data_pipelines.mining import text_id
     from encoders.backbone import inference_embeddings
     from evaluation.corpus_index import CorpusIndex, write_shard
@@ -469,30 +470,39 @@ def _hand_built_index(folder: Path, model, texts: list[str], names: list[str] | 
     emb = normalised(inference_embeddings(model, texts, side="document"))
     folder.mkdir(parents=True)
     shards = [write_shard({"id": np.array([text_id(t) for t in texts[s]], dtype=object), "embedding": emb[s],
-                           "text": np.array(texts[s], dtype=object)}, str(folder), name=names[k] if names else None)
-              for k, s in enumerate((slice(0, 5), slice(5, None)))]
+                           "text": np.array(texts[s], dtype=object)}, str(folder))
+              for s in (slice(0, 5), slice(5, None))]
     (folder / "meta.json").write_text(json.dumps({"model_path": "test", "corpus": "test", "rows": len(texts),
                                                   "dim": emb.shape[1], "shards": [s["shard"][0] for s in shards],
                                                   "text": True}))
     return CorpusIndex.at(str(folder))
 
 
-def test_a_teachers_scores_read_from_its_aligned_index_equal_encoding_each_batch(tmp_path):
+def test_a_teachers_scores_read_from_its_aligned_index_equal_encoding_each_batch(ray_local, tmp_path, capsys):
     """The two ways a teacher scores (its index of the corpus row for row, or each batch's candidates and positives
-    encoded) give the same scores; the aligned index's cache key changes with the shards of the index it follows (a
-    rebuilt corpus index, in another row order, never finds the old teacher index)."""
+    encoded) give the same scores; the teacher's index is built by aligned_index into a local cache folder (the
+    end-to-end teacher test keeps its indexes on object storage), shard for shard, and found there the second time;
+    its cache key changes with the shards of the index it follows (a rebuilt corpus index, in another row order, never
+    finds the old teacher index)."""
     import dataclasses
 
     from data_pipelines.mining import MiningSettings, NegativeMiner
-    from encoders.backbone import build_encoder, export_encoder, load_encoder
+    from encoders.backbone import build_encoder, export_encoder
+    from encoders.devices import EncoderPool
     from encoders.sources import resolve_model_source
-    from evaluation.corpus_index import aligned_key
+    from evaluation.corpus_index import aligned_index, aligned_key
 
     teacher = export_encoder(build_encoder(resolve_model_source("tiny:bert"), max_length=32, pooling="last_token"),
                              tmp_path / "teacher")
     student = build_encoder(resolve_model_source("tiny:bert"), max_length=32)
     index = _hand_built_index(tmp_path / "index", student, HELD)
-    aligned = _hand_built_index(tmp_path / "teacher-index", load_encoder(teacher), HELD, names=index.meta["shards"])
+    pool = EncoderPool(actors=1, cpus_per_actor=0.5)
+    aligned = aligned_index(index, str(teacher), pool=pool, root=tmp_path / "cache")
+    assert aligned.path.parent == tmp_path / "cache" and aligned.meta["aligned_with"] == index.location
+    assert aligned.meta["shards"] == index.meta["shards"] and aligned.shard_rows() == index.shard_rows() == [5, 8]
+    capsys.readouterr()
+    assert aligned_index(index, str(teacher), pool=pool, root=tmp_path / "cache").path == aligned.path
+    assert f"corpus embeddings from the cache: {aligned.path}" in capsys.readouterr().out
     settings = MiningSettings(model_path="unused", index_path=str(index.path), teacher_path=str(teacher))
     by_row = NegativeMiner(dataclasses.replace(settings, teacher_index_path=str(aligned.path)))
     by_batch = NegativeMiner(settings)
