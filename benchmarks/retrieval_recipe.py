@@ -36,7 +36,9 @@ STUDENT, TEACHER = "pypi:all-minilm-l6-v2", "pypi:all-mpnet-base-v2"
 MINE, SCORE = "configs/retrieval/mine-snli-minilm-cpu.yaml", "configs/annotate/groups-mpnet.yaml"
 TRAIN = "configs/retrieval/stage1-distill-mined-cpu.yaml"
 DIMS = [256, 128, 64]  # the student's whole embedding is 384
-STEP_QUERIES, TIMED_STEPS = 32, 6
+STEP_QUERIES, TIMED_STEPS, OBJECTIVE_REPEATS = 32, 6, 30
+MATRYOSHKA = ((384, 1.0), (256, 1.0), (128, 1.0), (64, 1.0))
+STEP_SETTINGS = {"pairs": (1, ()), "groups of 8": (8, ()), "groups of 8, Matryoshka": (8, MATRYOSHKA)}  # group size, dims
 
 
 def main() -> None:
@@ -47,10 +49,8 @@ def main() -> None:
     args = parser.parse_args()
     jobs = {} if args.skip_jobs else run_jobs(args.max_rows)
     steps = step_times()
-    if args.skip_jobs:  # the step times alone, beside the last full run's results
-        lines = ["# The retrieval recipe's step time", *step_lines(steps)]
-        payload = {"machine": machine(), "student": STUDENT, "step_seconds": steps}
-        print(write_results("retrieval_recipe_steps", payload, "\n".join(lines) + "\n").read_text())
+    if args.skip_jobs:
+        report_steps(steps)
         return
     report(jobs, steps)
 
@@ -92,19 +92,29 @@ def run_jobs(max_rows: int) -> dict:
 
 
 def step_times() -> dict:
-    """Seconds per optimizer step of the recipe's step on this CPU (MiniLM, 32 queries, one worker, no Ray): pairs
-    (group_size 1: each query's positive, in-batch negatives only) against groups of 8, and groups of 8 with
-    Matryoshka at 384/256/128/64 against without. The three take their steps in turn (one of each a round, each on
-    its own copy of the model), so that this VM's drift over a minute falls on all three alike; the median of
-    TIMED_STEPS rounds after one untimed. Beside them, the objective alone (forward and backward on a step's
-    embeddings), the only part of the step that Matryoshka changes."""
+    """The recipe's step on this CPU (MiniLM, 32 queries, one worker, no Ray) in each of STEP_SETTINGS: pairs
+    (group_size 1: each query's positive, in-batch negatives only), groups of 8, and groups of 8 with Matryoshka at
+    384/256/128/64. Seconds a step (the median of TIMED_STEPS after one untimed), Matryoshka's cost as the median of
+    each round's ratio (so drift between rounds cancels), and the objective's forward and backward alone, the only
+    part of the step that Matryoshka changes."""
     import numpy as np
+
+    groups = _snli_groups(STEP_QUERIES * (TIMED_STEPS + 1))
+    rows = {k: np.array(v + [None], dtype=object)[:-1] for k, v in groups.items()}
+    times = _steps_in_turn({name: _step_runner(rows, *setting) for name, setting in STEP_SETTINGS.items()})
+    ratios = [m / g for m, g in zip(times["groups of 8, Matryoshka"][1:], times["groups of 8"][1:])]
+    return {"seconds": {name: float(np.median(t[1:])) for name, t in times.items()},
+            "matryoshka_ratio": float(np.median(ratios)),
+            "objective_ms": {name: 1000 * _objective_seconds(*setting) for name, setting in STEP_SETTINGS.items()}}
+
+
+def _step_runner(rows: dict, group_size: int, dims: tuple):
+    """(stepper, strategy, feed) of one setting, on its own copy of the student."""
     import torch
 
     from encoders.backbone import build_encoder
     from encoders.sources import resolve_model_source
     from jobconfig.schema import TrainerConfig
-    from objectives.composite import CompositeObjective
     from training.kinds import TRAINING_KINDS, BatchContext
     from training.plan import plan_steps
     from training.rows import InMemoryRows
@@ -112,54 +122,53 @@ def step_times() -> dict:
     from training.strategy import TorchStrategy
 
     torch.set_num_threads(os.cpu_count() or 1)
-    groups = _snli_groups(STEP_QUERIES * (TIMED_STEPS + 1))
-    rows = {k: np.array(v + [None], dtype=object)[:-1] for k, v in groups.items()}
+    torch.manual_seed(0)
     kind = TRAINING_KINDS["groups"]
-    matryoshka = ((384, 1.0), (256, 1.0), (128, 1.0), (64, 1.0))
-    settings = {"pairs": (1, ()), "groups of 8": (8, ()), "groups of 8, Matryoshka": (8, matryoshka)}
+    model = build_encoder(resolve_model_source(STUDENT), max_length=48,
+                          prompts={"query": "query: ", "document": "passage: "}).train()
+    plan = plan_steps(len(rows["query"]), world=1, global_batch=STEP_QUERIES, max_steps=TIMED_STEPS + 1)
+    strategy = TorchStrategy(model, TrainerConfig(lr=2e-5, global_batch_size=STEP_QUERIES), plan, 1)
+    batches = BatchContext(strategy.module, model, torch.device("cpu"), length_buckets=2, sides=kind.sides,
+                           group_size=group_size, fields=("teacher_scores",) if group_size > 1 else ())
+    stepper = Stepper(plan, 42, kind, batches, strategy, _composite(group_size, dims), 0)
+    return stepper, strategy, stepper.feed(InMemoryRows(rows), prefetch=False)
 
-    def objective(group_size: int, dims: tuple) -> CompositeObjective:
-        weights = {"infonce": 1.0, "distill_kl": 1.0} if group_size > 1 else {"infonce": 1.0}
-        return CompositeObjective(weights, {"distill_kl": {"tau": 0.05, "teacher_tau": 0.05}}, dims)
 
-    def runner(group_size: int, dims: tuple):
-        torch.manual_seed(0)
-        model = build_encoder(resolve_model_source(STUDENT), max_length=48,
-                              prompts={"query": "query: ", "document": "passage: "}).train()
-        plan = plan_steps(len(groups["query"]), world=1, global_batch=STEP_QUERIES, max_steps=TIMED_STEPS + 1)
-        strategy = TorchStrategy(model, TrainerConfig(lr=2e-5, global_batch_size=STEP_QUERIES), plan, 1)
-        batches = BatchContext(strategy.module, model, torch.device("cpu"), length_buckets=2, sides=kind.sides,
-                               group_size=group_size, fields=("teacher_scores",) if group_size > 1 else ())
-        stepper = Stepper(plan, 42, kind, batches, strategy, objective(group_size, dims), 0)
-        return stepper, strategy, stepper.feed(InMemoryRows(rows), prefetch=False)
-
-    runners = {name: runner(*setting) for name, setting in settings.items()}
-    times: dict[str, list[float]] = {name: [] for name in settings}
+def _steps_in_turn(runners: dict) -> dict[str, list[float]]:
+    """Seconds of each optimizer step, the settings taking one step each a round, each round starting one setting
+    later (no setting always first or always after the same one), so this VM's drift falls on all alike."""
+    names, times = list(runners), {name: [] for name in runners}
     for step in range(TIMED_STEPS + 1):
-        for name, (stepper, strategy, feed) in runners.items():
+        for name in names[step % len(names):] + names[:step % len(names)]:
+            stepper, strategy, feed = runners[name]
             started = time.perf_counter()
             stepper(feed, step)
             strategy.step()
             times[name].append(time.perf_counter() - started)
     for _, _, feed in runners.values():
         feed.close()
-    steps = {name: float(np.median(t[1:])) for name, t in times.items()}
-    return {**steps, "objective_ms": {name: 1000 * _objective_seconds(objective(*setting), setting[0])
-                                      for name, setting in settings.items()}}
+    return times
 
 
-def _objective_seconds(composite, group_size: int, repeats: int = 30) -> float:
+def _composite(group_size: int, dims: tuple):
+    from objectives.composite import CompositeObjective
+
+    weights = {"infonce": 1.0, "distill_kl": 1.0} if group_size > 1 else {"infonce": 1.0}
+    return CompositeObjective(weights, {"distill_kl": {"tau": 0.05, "teacher_tau": 0.05}}, dims)
+
+
+def _objective_seconds(group_size: int, dims: tuple) -> float:
     """Median seconds of the composite's forward and backward on a step's embeddings (32 queries, their positives
-    and 7 negatives each, 384 dimensions, teacher scores), random: the same arithmetic as in the step."""
+    and group_size - 1 negatives each, 384 dimensions, teacher scores with groups), random: the step's arithmetic."""
     import numpy as np
     import torch
 
     from objectives.composite import EmbeddingBatch
 
-    generator = torch.Generator().manual_seed(0)
+    composite, generator = _composite(group_size, dims), torch.Generator().manual_seed(0)
     negatives = STEP_QUERIES * (group_size - 1)
     times = []
-    for _ in range(repeats):
+    for _ in range(OBJECTIVE_REPEATS):
         fields = {"emb1": torch.randn(STEP_QUERIES, 384, generator=generator, requires_grad=True),
                   "emb2": torch.randn(STEP_QUERIES, 384, generator=generator, requires_grad=True),
                   "ids1": torch.arange(STEP_QUERIES), "ids2": torch.arange(STEP_QUERIES, 2 * STEP_QUERIES)}
@@ -167,9 +176,8 @@ def _objective_seconds(composite, group_size: int, repeats: int = 30) -> float:
             fields |= {"emb_neg": torch.randn(negatives, 384, generator=generator, requires_grad=True),
                        "ids_neg": torch.arange(2 * STEP_QUERIES, 2 * STEP_QUERIES + negatives),
                        "teacher_scores": torch.rand(STEP_QUERIES, group_size, generator=generator)}
-        batch = EmbeddingBatch(**fields)
         started = time.perf_counter()
-        share, _ = composite(batch)
+        share, _ = composite(EmbeddingBatch(**fields))
         share.backward()
         times.append(time.perf_counter() - started)
     return float(np.median(times))
@@ -197,7 +205,7 @@ def _snli_groups(count: int) -> dict[str, list]:
 
 def report(jobs: dict, steps: dict) -> None:
     lines = ["# The retrieval recipe: query groups of 8, prompts, distillation from a teacher, Matryoshka", ""]
-    payload = {"machine": machine(), "student": STUDENT, "teacher": TEACHER, "step_seconds": steps}
+    payload = {"machine": machine(), "student": STUDENT, "teacher": TEACHER, **steps}
     if jobs:
         tasks = jobs["tasks"]
         table = _rows(jobs)
@@ -236,21 +244,28 @@ def report(jobs: dict, steps: dict) -> None:
     print(write_results("retrieval_recipe", payload, "\n".join(lines) + "\n").read_text())
 
 
+def report_steps(steps: dict) -> None:
+    """--skip-jobs: the step times alone, beside the last full run's results."""
+    lines = ["# The retrieval recipe's step time", *step_lines(steps)]
+    payload = {"machine": machine(), "student": STUDENT, **steps}
+    print(write_results("retrieval_recipe_steps", payload, "\n".join(lines) + "\n").read_text())
+
+
 def step_lines(steps: dict) -> list[str]:
     """The step-time table and what Matryoshka costs, in the step and in the objective alone."""
-    objective = steps["objective_ms"]
-    lines = ["", f"Step time in process (MiniLM, {STEP_QUERIES} queries a step, one worker, this CPU; the three take "
-             f"their steps in turn, median of {TIMED_STEPS} rounds), and the objective's forward and backward alone "
-             f"on a step's embeddings (median of 30):", "",
+    seconds, objective = steps["seconds"], steps["objective_ms"]
+    lines = ["", f"Step time in process (MiniLM, {STEP_QUERIES} queries a step, one worker, this CPU; the settings "
+             f"take their steps in turn, median of {TIMED_STEPS} rounds), and the objective's forward and backward "
+             f"alone on a step's embeddings (median of {OBJECTIVE_REPEATS}):", "",
              "| step | seconds | against pairs | objective ms |", "|---|---|---|---|"]
-    for name, value in steps.items():
-        if name != "objective_ms":
-            lines.append(f"| {name} | {value:.2f} | {value / steps['pairs']:.2f}x | {objective[name]:.1f} |")
-    matryoshka, plain = steps["groups of 8, Matryoshka"], steps["groups of 8"]
+    for name, value in seconds.items():
+        lines.append(f"| {name} | {value:.2f} | {value / seconds['pairs']:.2f}x | {objective[name]:.1f} |")
     extra_ms = objective["groups of 8, Matryoshka"] - objective["groups of 8"]
-    lines.append(f"\nMatryoshka costs {100 * (matryoshka / plain - 1):+.1f}% on the step of groups of 8; the objective "
-                 f"at four sizes takes {extra_ms:.1f} ms more than at one, {100 * extra_ms / 1000 / plain:.1f}% of "
-                 "that step (the encoder's passes, which Matryoshka does not change, are the rest).")
+    lines.append(f"\nMatryoshka costs {100 * (steps['matryoshka_ratio'] - 1):+.1f}% on the step of groups of 8 (the "
+                 f"median of each round's ratio); the objective at four sizes takes {extra_ms:.1f} ms more than at "
+                 f"one, {100 * extra_ms / 1000 / seconds['groups of 8']:.1f}% of that step. The rest of the step is the "
+                 "encoder's passes, which Matryoshka does not change: what the ratio shows beyond the objective is "
+                 "this machine's noise.")
     return lines
 
 
