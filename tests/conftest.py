@@ -228,10 +228,9 @@ def pytest_collection_modifyitems(session, config, items):
     if unlisted:
         raise pytest.UsageError(f"marked own_ray but not in tests/conftest.py's XDIST_GROUPS: {', '.join(unlisted)}")
     if XDIST_WORKER:
-        costliest = list(COSTLIEST_FIRST)
-        rank = {unit: n for n, unit in enumerate(costliest)}
+        rank = {unit: n for n, unit in enumerate(COSTLIEST_FIRST)}
         order = {id(item): n for n, item in enumerate(items)}
-        items.sort(key=lambda item: (rank.get(xdist_unit(item.nodeid), len(costliest)), order[id(item)]))
+        items.sort(key=lambda item: (rank.get(xdist_unit(item.nodeid), len(rank)), order[id(item)]))
         return
     last = [item for item in items if item.get_closest_marker("own_ray")]
     if last:

@@ -143,9 +143,9 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
     assert not list((tmp_path / "cache").rglob("meta.json"))  # no index in the local cache
     kept = [join(s3.uri("indexes"), name.removesuffix("/meta.json"))
             for name, _, _ in files_under(storage_path(s3.uri("indexes"))) if name.endswith("/meta.json")]
-    metas = {folder: json.loads(storage_path(join(folder, "meta.json")).read_text()) for folder in kept}
-    aligned = [CorpusIndex.at(folder) for folder, meta in metas.items() if meta.get("aligned_with")]
-    assert len(metas) == 2 and len(aligned) == 1 and aligned[0].meta["model_path"] == str(teacher)
+    indexes = [CorpusIndex.at(folder) for folder in kept]  # each reads its meta.json once
+    aligned = [index for index in indexes if index.meta.get("aligned_with")]
+    assert len(indexes) == 2 and len(aligned) == 1 and aligned[0].meta["model_path"] == str(teacher)
     assert aligned[0].meta["aligned_with"] == result["index_path"]
     own = CorpusIndex.at(aligned[0].meta["aligned_with"])
     rows = np.arange(own.rows)
