@@ -212,7 +212,9 @@ def raoe_mining(pairs: list[dict], model_path: str, tmp: Path, gpus: int) -> dic
         for s in range(0, len(groups), rows):
             part = groups[s : s + rows]
             encoded.append(encoder({"text1": column([q for q, _, _ in part]), "positives": column([k for _, k, _ in part]),
-                                    "positive_rows": column([r for _, _, r in part])}))
+                                    "positive_rows": column([r for _, _, r in part]),
+                                    "labelled_negatives": column([[] for _ in part]),  # pairs without labels
+                                    "labelled_rows": column([np.zeros(0, np.int64) for _ in part])}))
         return encoded
 
     encoded, phases["queries_encoded"] = timed(query_phase)

@@ -5,8 +5,11 @@ positives (every text paired with the same query) and the query itself are dropp
 positive score ``p`` a candidate is kept only at ``score <= p - absolute_margin`` and ``score <= p - |p| x
 relative_margin`` (sign-safe), and within ``[min_score, max_score]``; the first ``range_min`` kept candidates are
 skipped, then the hardest ``negatives_per_row`` are taken (``sampling: top``) or that many drawn at random
-(``random``, seeded by the query). Scores come from the mining model, or from a teacher bi-encoder that re-scores the
-candidates and positives (the candidates are then ranked by its scores). Each query gives one query group ``{query,
+(``random``, seeded by the query). With labelled NLI pairs, a premise's hypotheses of the labels in
+``labelled_negatives`` (e.g. contradiction) are negatives known from the data: they are in its group before any
+mined one, the hardest up to ``negatives_per_row``, outside the margins, and mined ones fill the rest. Scores come
+from the mining model, or from a teacher bi-encoder that re-scores the candidates, positives and labelled negatives
+(the candidates are then ranked by its scores). Each query gives one query group ``{query,
 positives, negatives}`` with the scores that kept them (``positive_scores``, ``negative_scores``).
 
 Where raoe differs from sentence-transformers: the query's own text is never its negative; a group is kept with
@@ -83,15 +86,16 @@ class MiningSettings:
             keep &= scores >= self.min_score
         return keep
 
-    def pick(self, ranked: list[int], scores: np.ndarray, query: str) -> list[int]:
-        """The negatives among ``ranked`` (allowed candidates, hardest first), after skipping ``range_min``: the
-        hardest ``negatives_per_row``, or that many at random (seeded by the query's text: any actor draws the same),
-        hardest first."""
-        ranked = ranked[self.range_min:]
-        if self.sampling == "top" or len(ranked) <= self.negatives_per_row:
-            return ranked[: self.negatives_per_row]
+    def pick(self, ranked: list[int], scores: np.ndarray, query: str, count: int | None = None) -> list[int]:
+        """``count`` negatives (default ``negatives_per_row``) among ``ranked`` (allowed candidates, hardest first),
+        after skipping ``range_min``: the hardest, or that many at random (seeded by the query's text: any actor
+        draws the same), hardest first."""
+        count = self.negatives_per_row if count is None else count
+        ranked = ranked[self.range_min:] if count > 0 else []
+        if self.sampling == "top" or len(ranked) <= count:
+            return ranked[:count]
         key = int.from_bytes(hashlib.sha1(query.encode("utf-8")).digest()[:8], "little")
-        drawn = np.random.default_rng([self.seed, key]).choice(len(ranked), self.negatives_per_row, replace=False)
+        drawn = np.random.default_rng([self.seed, key]).choice(len(ranked), count, replace=False)
         return sorted((ranked[i] for i in drawn), key=lambda j: -scores[j])
 
 
@@ -172,24 +176,59 @@ def _judged_only(table, ids):
     return table.filter(pc.is_in(table["id"], value_set=ids))
 
 
-def query_positive_pairs(data_cfg, quarantine_path: Path):
-    """(Ray Dataset of text1, text2 pairs, DataReport, the data's cache key); a BEIR folder gives its qrels' pairs."""
+def query_positive_pairs(data_cfg, quarantine_path: Path, labelled_negatives: tuple[str, ...] = ()):
+    """(Ray Dataset of text1, text2, is_negative rows, DataReport, the data's cache key); a BEIR folder gives its
+    qrels' pairs. Labelled NLI pairs give their entailment pairs as (query, positive) and, for each label in
+    ``labelled_negatives``, those pairs as (query, labelled negative) rows (is_negative true)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
+    check_labelled_negatives(data_cfg, labelled_negatives)
     if is_beir_folder(data_cfg.train):
         split = data_cfg.split or "train"
         ds, report = beir_pairs(data_cfg.train, split)
-        return ds, report, "beir " + json.dumps(content_digests([storage_path(data_cfg.train) / name for name in
-                                                                  ("queries.jsonl", f"qrels/{split}.tsv")]))
+        key = "beir " + json.dumps(content_digests([storage_path(data_cfg.train) / name for name in
+                                                    ("queries.jsonl", f"qrels/{split}.tsv")]))
+        return ds.map_batches(_as_positives, batch_format="pyarrow"), report, key
 
     kind = labelled_or_plain(data_cfg.train, data_cfg.format)
     fmt = data_cfg.format if kind == "pairs" or data_cfg.format in ("triplets_jsonl", "parquet") else "auto"
     ds, report = load_corpus(kind, data_cfg.train, fmt=fmt, split=data_cfg.split, max_rows=data_cfg.max_rows,
                              shuffle_seed=data_cfg.shuffle_seed, on_bad_record=data_cfg.on_bad_record,
                              quarantine_path=quarantine_path)
-    if kind == "pairs":  # NLI: an entailment hypothesis is its premise's positive
-        ds = ds.map_batches(lambda t: t.filter(pc.equal(t["label"], LABELS["entailment"])), batch_format="pyarrow")
-    return ds.select_columns(["text1", "text2"]), report, _data_key(data_cfg, kind, fmt)
+    if kind != "pairs":
+        return ds.map_batches(_as_positives, batch_format="pyarrow"), report, _data_key(data_cfg, kind, fmt)
+
+    def positives_and_labelled(table):  # NLI: an entailment hypothesis is its premise's positive
+        negative = pa.array([LABELS[name] for name in labelled_negatives], table["label"].type)
+        table = table.filter(pc.or_(pc.equal(table["label"], LABELS["entailment"]),
+                                    pc.is_in(table["label"], value_set=negative)))
+        return pa.table({"text1": table["text1"], "text2": table["text2"],
+                         "is_negative": pc.is_in(table["label"], value_set=negative)})
+
+    return ds.map_batches(positives_and_labelled, batch_format="pyarrow"), report, _data_key(data_cfg, kind, fmt)
+
+
+def _as_positives(table):
+    """(query, positive) rows as mining's pairs: every text2 a positive."""
+    import pyarrow as pa
+
+    return pa.table({"text1": table["text1"], "text2": table["text2"],
+                     "is_negative": pa.array(np.zeros(table.num_rows, dtype=bool))})
+
+
+def check_labelled_negatives(data_cfg, labelled_negatives) -> None:
+    """Refuse mining.labelled_negatives, by name, for data without NLI labels (before anything runs)."""
+    if not labelled_negatives:
+        return
+    if is_beir_folder(data_cfg.train):
+        what = "a BEIR folder, whose qrels judge no negative"
+    elif labelled_or_plain(data_cfg.train, data_cfg.format) != "pairs":
+        what = "(query, positive) rows without labels"
+    else:
+        return
+    raise ValueError(f"mining.labelled_negatives {list(labelled_negatives)} needs labelled NLI pairs; "
+                         f"data.train {data_cfg.train} is {what}")
 
 
 def _data_key(data_cfg, kind: str, fmt: str) -> str:
@@ -212,7 +251,8 @@ def mining_corpus(pairs, corpus_path: str | None, corpus_fmt: str, data_key: str
     """(Ray Dataset of distinct (id, text), cache key): ``mining.corpus`` (sentences: txt or JSON lines with text, or
     a BEIR folder), or the pairs' positives."""
     if corpus_path is None:
-        texts = pairs.select_columns(["text2"]).rename_columns({"text2": "text"})
+        texts = pairs.map_batches(_positive_rows, batch_format="pyarrow").select_columns(["text2"])
+        texts = texts.rename_columns({"text2": "text"})
         key = "positives of " + data_key
     elif (storage_path(corpus_path) / "corpus.jsonl").exists():  # a BEIR folder, local or on object storage
         from evaluation.retrieval_suite import corpus_dataset
@@ -227,16 +267,23 @@ def mining_corpus(pairs, corpus_path: str | None, corpus_fmt: str, data_key: str
     return distinct.map_batches(with_ids, batch_format="pyarrow"), key
 
 
+def _positive_rows(table):
+    """The pairs that are (query, positive), not (query, labelled negative)."""
+    import pyarrow.compute as pc
+
+    return table.filter(pc.invert(table["is_negative"]))
+
+
 def positives_by_query(pairs, partitions: int = 1):
     """One row per distinct query of ``located_positives``' pairs, with every positive it has (the known positives
-    mining must not return) and each one's row in the corpus index (-1 where the index lacks it). The pairs are
-    hash-partitioned by query into ``partitions`` groups, each grouped by Arrow in one call: Ray Data's per-query
-    grouping (``map_groups`` by query, or its list aggregations) pays a Python call per query, 75 s of 100,000 here,
-    this 6 s."""
+    mining must not return) and each one's row in the corpus index (-1 where the index lacks it), and the same for
+    its labelled negatives. The pairs are hash-partitioned by query into ``partitions`` groups, each grouped by
+    Arrow in one call: Ray Data's per-query grouping (``map_groups`` by query, or its list aggregations) pays a
+    Python call per query, 75 s of 100,000 here, this 6 s."""
     keyed = pairs.map_batches(_with_query_partition, fn_kwargs={"partitions": partitions}, batch_format="pyarrow")
     grouped = keyed.groupby("query_partition", num_partitions=partitions).map_groups(_grouped_by_query,
                                                                                       batch_format="pyarrow")
-    return grouped.map_batches(_distinct_sorted_positives, batch_format="numpy")
+    return grouped.map_batches(_known_texts_by_query, batch_format="numpy")
 
 
 def _with_query_partition(table, partitions: int):
@@ -247,23 +294,38 @@ def _with_query_partition(table, partitions: int):
 
 
 def _grouped_by_query(table):
-    """A partition's pairs as one row per query, its positives and their rows listed side by side (one pass in
-    input order: the two lists align)."""
+    """A partition's pairs as one row per query, its texts (positives and labelled negatives), their rows and which
+    are negatives listed side by side (one pass in input order: the lists align)."""
     import pyarrow as pa
 
-    grouped = table.group_by("text1", use_threads=False).aggregate([("text2", "list"), ("positive_row", "list")])
-    return pa.table({"text1": grouped["text1"], "positives": grouped["text2_list"],
-                     "positive_rows": grouped["positive_row_list"]})
+    grouped = table.group_by("text1", use_threads=False).aggregate([("text2", "list"), ("positive_row", "list"),
+                                                                    ("is_negative", "list")])
+    return pa.table({"text1": grouped["text1"], "texts": grouped["text2_list"], "rows": grouped["positive_row_list"],
+                     "is_negative": grouped["is_negative_list"]})
 
 
-def _distinct_sorted_positives(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Each query's positives once each, sorted, with their rows (the two lists are aggregated side by side)."""
-    positives, rows = np.empty(len(batch["text1"]), dtype=object), np.empty(len(batch["text1"]), dtype=object)
-    for i, (texts, at) in enumerate(zip(batch["positives"], batch["positive_rows"])):
-        row_of = dict(zip((str(t) for t in texts), (int(r) for r in at)))
-        positives[i] = sorted(row_of)
-        rows[i] = np.array([row_of[p] for p in positives[i]], dtype=np.int64)
-    return {"text1": batch["text1"], "positives": positives, "positive_rows": rows}
+def _known_texts_by_query(batch: dict[str, np.ndarray]):
+    """Each query's positives once each, sorted, with their rows (the lists are aggregated side by side), and its
+    labelled negatives the same way (a text that is also its positive is a positive; the query's own text is never
+    its negative); a query with labelled negatives only is left out: it has nothing to mine against."""
+    import pyarrow as pa
+
+    columns = {name: [] for name in ("text1", "positives", "positive_rows", "labelled_negatives", "labelled_rows")}
+    for query, texts, at, negative in zip(batch["text1"], batch["texts"], batch["rows"], batch["is_negative"]):
+        positive_row = {str(t): int(r) for t, r, n in zip(texts, at, negative) if not n}
+        if not positive_row:
+            continue
+        labelled_row = {str(t): int(r) for t, r, n in zip(texts, at, negative)
+                        if n and str(t) not in positive_row and str(t) != str(query)}
+        columns["text1"].append(query)
+        for texts_key, rows_key, row_of in (("positives", "positive_rows", positive_row),
+                                            ("labelled_negatives", "labelled_rows", labelled_row)):
+            columns[texts_key].append(sorted(row_of))
+            columns[rows_key].append([row_of[t] for t in sorted(row_of)])
+    texts, rows = pa.list_(pa.large_string()), pa.list_(pa.int64())
+    return pa.table(columns, schema=pa.schema([("text1", pa.large_string()), ("positives", texts),
+                                               ("positive_rows", rows), ("labelled_negatives", texts),
+                                               ("labelled_rows", rows)]))
 
 
 def text_id(text: str) -> str:
@@ -272,10 +334,10 @@ def text_id(text: str) -> str:
 
 
 def located_positives(pairs, index: CorpusIndex, pairs_count: int | None = None):
-    """The pairs, each positive with its row in the index (``positive_row``, -1 where the corpus lacks it), by a
-    hash join of the positives' ids with the index's (id, row) table in Ray Data (nothing reaches the driver): a
-    positive the index holds is scored from its stored embedding, never encoded again (with the pairs' own positives
-    as the corpus, none is)."""
+    """The pairs, each positive (or labelled negative: ``is_negative``) with its row in the index (``positive_row``,
+    -1 where the corpus lacks it), by a hash join of the texts' ids with the index's (id, row) table in Ray Data
+    (nothing reaches the driver): a text the index holds is scored from its stored embedding, never encoded again
+    (with the pairs' own positives as the corpus, no positive is)."""
 
     from evaluation.corpus_index import row_ids
 
@@ -289,7 +351,7 @@ def located_positives(pairs, index: CorpusIndex, pairs_count: int | None = None)
 def _with_positive_ids(table):
     import pyarrow as pa
 
-    return pa.table({"text1": table["text1"], "text2": table["text2"],
+    return pa.table({"text1": table["text1"], "text2": table["text2"], "is_negative": table["is_negative"],
                      "positive_id": pa.array([text_id(t) for t in table["text2"].to_pylist()], pa.string())})
 
 
@@ -297,7 +359,7 @@ def _row_or_missing(table):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    return pa.table({"text1": table["text1"], "text2": table["text2"],
+    return pa.table({"text1": table["text1"], "text2": table["text2"], "is_negative": table["is_negative"],
                      "positive_row": pc.fill_null(table["row"], -1).cast(pa.int64())})
 
 
@@ -340,9 +402,9 @@ def _scores_of_positives(model, index: CorpusIndex | None, q_emb: np.ndarray, po
 
 
 class QueryEncoder:
-    """Phase 1, a Ray Data actor: each query's unit embedding and, without a teacher (whose index scores them in
-    phase 3), its scores with its known positives by the mining model (loaded once per actor), from the index's
-    stored embeddings where it holds them."""
+    """Phase 1, a Ray Data actor: each query's unit embedding and, without a teacher (who scores them in phase 3),
+    its scores with its known positives and its labelled negatives by the mining model (loaded once per actor), from
+    the index's stored embeddings where it holds them."""
 
     def __init__(self, settings: MiningSettings):
         from encoders.backbone import load_encoder
@@ -353,19 +415,19 @@ class QueryEncoder:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         queries = [str(q) for q in batch["text1"]]
-        positives = [list(p) for p in batch["positives"]]
         q_emb = _unit_embeddings(self.model, queries, self.s.batch_size, "query")
-        scores, encoded = np.empty(len(queries), dtype=object), 0
+        scores, labelled_scores = np.empty(len(queries), dtype=object), np.empty(len(queries), dtype=object)
+        encoded = [0, 0]
         if self.index is None:  # the teacher's scores replace them
-            scores[:] = [np.zeros(0, dtype=np.float32)] * len(queries)
+            scores[:] = labelled_scores[:] = [np.zeros(0, dtype=np.float32)] * len(queries)
         else:
-            rows = held_rows(self.index, positives, [np.asarray(r, dtype=np.int64) for r in batch["positive_rows"]])
-            found, encoded = _scores_of_positives(self.model, self.index, q_emb, positives, rows, self.s.batch_size)
-            scores[:] = found
-        counted = np.zeros(len(queries), dtype=np.int64)
-        counted[:1] = encoded  # the batch's count, on its first row
-        return {"text1": batch["text1"], "positives": _listed(batch["positives"]), "positive_rows": batch["positive_rows"],
-                "query_embedding": q_emb, "positive_scores": scores, "positives_encoded": counted}
+            (of_positives, of_labelled), encoded = _scores_of_known(self.model, self.index, q_emb, batch,
+                                                                    self.s.batch_size)
+            scores[:], labelled_scores[:] = of_positives, of_labelled
+        counted = np.zeros((len(queries), 2), dtype=np.int64)
+        counted[:1] = encoded  # the batch's counts (positives, labelled negatives), on its first row
+        return {"text1": batch["text1"], "query_embedding": q_emb, "positive_scores": scores,
+                "labelled_scores": labelled_scores, "known_encoded": counted, **_known_columns(batch)}
 
 
 def _listed(texts_of: np.ndarray) -> list[list[str]]:
@@ -374,26 +436,68 @@ def _listed(texts_of: np.ndarray) -> list[list[str]]:
     return [list(texts) for texts in texts_of]
 
 
-def _search_candidates(batch: dict[str, np.ndarray], actors: list, rows: int, range_max: int,
-                       method) -> dict[str, np.ndarray]:
-    """Phase 2, a Ray Data task holding no CPU: each query's first ``range_max`` + (its batch's most known positives
-    + 1) index rows found by the search actors (by their method: exact, or FAISS's lists), room for the positives
-    and the query itself to be left out."""
+KNOWN_COLUMNS = ("positives", "positive_rows", "labelled_negatives", "labelled_rows")
+
+
+def _known_columns(batch: dict[str, np.ndarray]) -> dict[str, list]:
+    """A batch's known positives and labelled negatives with their index rows, passed on to the next phase."""
+    return {name: _listed(batch[name]) if name in ("positives", "labelled_negatives") else batch[name]
+            for name in KNOWN_COLUMNS}
+
+
+def _scores_of_known(model, index: CorpusIndex | None, q_emb: np.ndarray, batch: dict[str, np.ndarray],
+                     batch_size: int, checked_by: CorpusIndex | None = None) -> tuple[tuple[list, list], list[int]]:
+    """((each query's scores with its known positives, with its labelled negatives), [positives, labelled negatives
+    encoded]): scored together as _scores_of_positives scores positives (each text the index lacks encoded once for
+    the batch, whichever kind it is for which query); the rows are checked against the texts of ``checked_by``
+    (default ``index``: a teacher's aligned index holds none)."""
+    positives = [list(p) for p in batch["positives"]]
+    labelled = [list(n) for n in batch["labelled_negatives"]]
+    texts = [p + n for p, n in zip(positives, labelled)]
+    rows = [np.concatenate([np.asarray(p, dtype=np.int64), np.asarray(n, dtype=np.int64)])
+            for p, n in zip(batch["positive_rows"], batch["labelled_rows"])]
+    rows = held_rows(checked_by or index, texts, rows) if index is not None else \
+        [np.full(len(t), -1, dtype=np.int64) for t in texts]
+    scores, _ = _scores_of_positives(model, index, q_emb, texts, rows, batch_size)
+    encoded_positives = {t for known, at in zip(positives, rows) for t, r in zip(known, at) if r < 0}
+    encoded_labelled = {t for known, given, at in zip(positives, labelled, rows)
+                        for t, r in zip(given, at[len(known):]) if r < 0} - encoded_positives
+    split = ([s[: len(p)] for s, p in zip(scores, positives)], [s[len(p):] for s, p in zip(scores, positives)])
+    return split, [len(encoded_positives), len(encoded_labelled)]
+
+
+def _search_candidates(batch: dict[str, np.ndarray], actors: list, rows: int, range_max: int, method,
+                       negatives_per_row: int) -> dict[str, np.ndarray]:
+    """Phase 2, a Ray Data task holding no CPU: each query's first ``range_max`` + (its batch's most known texts + 1)
+    index rows found by the search actors (by their method: exact, or FAISS's lists), room for its known positives,
+    its labelled negatives and the query itself to be left out. A query whose labelled negatives fill its group
+    (``negatives_per_row``) is not searched: nothing would be mined for it."""
     from evaluation.search_actors import SearchActors
 
-    widest = max(len(p) for p in batch["positives"]) + 1
-    scores, found = SearchActors(actors, rows, method).search(batch["query_embedding"], range_max + widest)
-    listed = lambda values: np.array([v[r >= 0] for v, r in zip(values, found)] + [None], dtype=object)[:-1]  # noqa: E731
-    return {"text1": batch["text1"], "positives": _listed(batch["positives"]),
-            "positive_scores": batch["positive_scores"], "positive_rows": batch["positive_rows"],
-            "positives_encoded": batch["positives_encoded"],
-            "candidate_rows": listed(found),
-            "candidate_scores": listed(scores)}
+    known = [len(p) + len(n) for p, n in zip(batch["positives"], batch["labelled_negatives"])]
+    searched = [i for i, n in enumerate(batch["labelled_negatives"]) if len(n) < negatives_per_row]
+    candidate_rows = [np.zeros(0, np.int64) for _ in known]
+    candidate_scores = [np.zeros(0, np.float32) for _ in known]
+    if searched:
+        widest = max(known[i] for i in searched) + 1
+        scores, found = SearchActors(actors, rows, method).search(batch["query_embedding"][searched], range_max + widest)
+        for i, values, at in zip(searched, scores, found):
+            candidate_rows[i], candidate_scores[i] = at[at >= 0], values[at >= 0]
+    return {"text1": batch["text1"], "positive_scores": batch["positive_scores"],
+            "labelled_scores": batch["labelled_scores"], "known_encoded": batch["known_encoded"],
+            "candidate_rows": _column(candidate_rows), "candidate_scores": _column(candidate_scores),
+            **_known_columns(batch)}
+
+
+def _column(arrays: list[np.ndarray]) -> np.ndarray:
+    """A list of arrays as one object array of them (numpy would stack arrays of one length into a matrix)."""
+    return np.array(list(arrays) + [None], dtype=object)[:-1]
 
 
 class NegativeMiner:
-    """Phase 3, a Ray Data actor: the candidates' texts looked up in the index, the known positives and the query
-    left out, the margins and bounds applied against the query's lowest positive, the negatives picked; with a
+    """Phase 3, a Ray Data actor: the candidates' texts looked up in the index, the known positives, the labelled
+    negatives and the query left out, the margins and bounds applied against the query's lowest positive, the
+    negatives picked after the query's labelled ones (which no margin, bound or range_min touches); with a
     teacher (loaded once per actor, to encode the queries) the positives and candidates re-scored by it first, from
     the teacher's index of the corpus (aligned_index: the same rows)."""
 
@@ -412,58 +516,65 @@ class NegativeMiner:
         the batch's counts."""
         queries = [str(q) for q in batch["text1"]]
         positives = [list(p) for p in batch["positives"]]
-        found_of = self._candidates(queries, positives, batch["candidate_rows"], batch["candidate_scores"])
-        pos_scores_of, cand_scores_of = list(batch["positive_scores"]), [
-            np.asarray([score for _, score, _ in found], dtype=np.float32) for found in found_of]
-        encoded = int(np.sum(batch["positives_encoded"]))
+        labelled = [list(n) for n in batch["labelled_negatives"]]
+        found_of = self._candidates(queries, positives, labelled, batch["candidate_rows"], batch["candidate_scores"])
+        pos_scores_of, labelled_scores_of = list(batch["positive_scores"]), list(batch["labelled_scores"])
+        cand_scores_of = [np.asarray([score for _, score, _ in found], dtype=np.float32) for found in found_of]
+        encoded = np.sum(np.asarray(batch["known_encoded"]), axis=0)
         if self.teacher is not None:
-            rows = [np.asarray(r, dtype=np.int64) for r in batch["positive_rows"]]
-            rows = held_rows(self.index, positives, rows) if self.teacher_index is not None else rows  # else unread
-            pos_scores_of, cand_scores_of, by_teacher = self._teacher_scores(queries, positives, rows, found_of)
+            (pos_scores_of, labelled_scores_of), cand_scores_of, by_teacher = self._teacher_scores(queries, batch,
+                                                                                                 found_of)
             encoded += by_teacher
         out = {k: [] for k in GROUP_COLUMNS + ("batch_stats",)}
         stats = {"queries": 0, "pairs": 0, "without_negative": 0, "dropped_by_margin": 0,
-                 "positives_encoded": encoded}
-        for query, known, found, pos_scores, cand_scores in zip(queries, positives, found_of, pos_scores_of,
-                                                                cand_scores_of):
+                 "positives_encoded": int(encoded[0]), "labelled_encoded": int(encoded[1]), "labelled_negatives": 0}
+        for query, known, given, found, pos_scores, given_scores, cand_scores in zip(
+                queries, positives, labelled, found_of, pos_scores_of, labelled_scores_of, cand_scores_of):
             candidates = [t for t, _, _ in found]
             allowed = self.s.allowed(cand_scores, float(np.min(pos_scores)))
             ranked = [int(j) for j in np.argsort(-cand_scores, kind="stable") if allowed[j]]
-            kept = self.s.pick(ranked, cand_scores, query)
+            given_kept = [int(j) for j in np.argsort(-np.asarray(given_scores), kind="stable")][
+                : self.s.negatives_per_row]
+            kept = self.s.pick(ranked, cand_scores, query, self.s.negatives_per_row - len(given_kept))
+            negatives = sorted([(given[j], float(given_scores[j])) for j in given_kept] +
+                               [(candidates[j], float(cand_scores[j])) for j in kept], key=lambda n: -n[1])
             stats["queries"] += 1
             stats["pairs"] += len(known)
             stats["dropped_by_margin"] += len(candidates) - len(ranked)
-            stats["without_negative"] += not kept
-            for key, value in (("query", query), ("positives", known), ("negatives", [candidates[j] for j in kept]),
+            stats["without_negative"] += not negatives
+            stats["labelled_negatives"] += len(given_kept)
+            for key, value in (("query", query), ("positives", known), ("negatives", [t for t, _ in negatives]),
                                ("positive_scores", [float(p) for p in pos_scores]),
-                               ("negative_scores", [float(cand_scores[j]) for j in kept]), ("batch_stats", "")):
+                               ("negative_scores", [score for _, score in negatives]), ("batch_stats", "")):
                 out[key].append(value)
         for key, value in (("query", ""), ("positives", []), ("negatives", []), ("positive_scores", []),
                            ("negative_scores", []), ("batch_stats", json.dumps(stats))):
             out[key].append(value)
         return group_table(out)
 
-    def _candidates(self, queries: list[str], positives: list[list[str]], rows_of, scores_of):
-        """Each query's first range_max (text, score, index row) found, its known positives and itself left out."""
+    def _candidates(self, queries: list[str], positives: list[list[str]], labelled: list[list[str]], rows_of,
+                    scores_of):
+        """Each query's first range_max (text, score, index row) found, its known positives, its labelled negatives
+        (its group holds them already) and itself left out."""
         distinct = _distinct_rows(rows_of)
         text_of = dict(zip(distinct.tolist(), self.index.take("text", distinct)))
         found_of = []
-        for query, known, rows, scores in zip(queries, positives, rows_of, scores_of):
-            excluded = set(known) | {query}
+        for query, known, given, rows, scores in zip(queries, positives, labelled, rows_of, scores_of):
+            excluded = set(known) | set(given) | {query}
             found = [(text_of[int(r)], float(s), int(r)) for r, s in zip(rows, scores)
                      if text_of[int(r)] not in excluded]
             found_of.append(found[: self.s.range_max])
         return found_of
 
-    def _teacher_scores(self, queries: list[str], positives: list[list[str]], positive_rows: list[np.ndarray],
-                        found_of):
-        """(The teacher's scores of each query's positives, of its candidates, how many positives it encoded): the
-        queries encoded; with the teacher's index (aligned_index), every candidate and every positive the corpus
-        holds read from it by row, the other positives encoded once for the batch; without (a corpus larger than the
-        queries can find), the batch's distinct candidates and positives encoded."""
+    def _teacher_scores(self, queries: list[str], batch: dict[str, np.ndarray], found_of):
+        """((The teacher's scores of each query's positives, of its labelled negatives), of its candidates, [positives,
+        labelled negatives] it encoded): the queries encoded; with the teacher's index (aligned_index), every candidate and
+        every known text the corpus holds read from it by row (rows checked against the mining index's texts), the
+        others encoded once for the batch; without (a corpus larger than the queries can find), the batch's
+        distinct candidates and known texts encoded."""
         q_emb = _unit_embeddings(self.teacher, queries, self.s.batch_size, "query")
-        positive_scores, encoded = _scores_of_positives(self.teacher, self.teacher_index, q_emb, positives,
-                                                        positive_rows, self.s.batch_size)
+        known_scores, encoded = _scores_of_known(self.teacher, self.teacher_index, q_emb, batch, self.s.batch_size,
+                                                 checked_by=self.index)
         if self.teacher_index is not None:  # each candidate by its row in the teacher's index
             keys_of, lookup = [[r for _, _, r in found] for found in found_of], self.teacher_index.embeddings
         else:  # each distinct candidate text of the batch encoded
@@ -473,7 +584,7 @@ class NegativeMiner:
         stored, at = (lookup(distinct) if distinct else None), {key: k for k, key in enumerate(distinct)}
         candidate_scores = [stored[[at[k] for k in keys]] @ q_emb[i] if keys else np.zeros(0, np.float32)
                             for i, keys in enumerate(keys_of)]
-        return positive_scores, candidate_scores, encoded
+        return known_scores, candidate_scores, encoded
 
 
 def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool, queries_per_batch: int = 256,
@@ -509,7 +620,8 @@ def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool,
     with search_actors(index, pool, method) as searcher:
         found = encoded.map_batches(
             _search_candidates, fn_kwargs={"actors": searcher.actors, "rows": index.rows,
-                                           "range_max": settings.range_max, "method": method},
+                                           "range_max": settings.range_max, "method": method,
+                                           "negatives_per_row": settings.negatives_per_row},
             batch_size=queries_per_batch, num_cpus=0, concurrency=len(searcher.actors)).materialize()
         if sample:
             recall = searcher.recall(np.stack(sample), settings.range_max)
@@ -566,6 +678,8 @@ def mining_report(mined) -> dict:
                          "without_negative": [sum(s["without_negative"] for s in stats)],
                          "dropped_by_margin": [sum(s["dropped_by_margin"] for s in stats)],
                          "positives_encoded": [sum(s["positives_encoded"] for s in stats)],
+                         "labelled": [sum(s["labelled_negatives"] for s in stats)],
+                         "labelled_encoded": [sum(s["labelled_encoded"] for s in stats)],
                          "written": [written.num_rows], "negatives": [len(flat("negatives"))],
                          "pos": [np.histogram(flat("positive_scores"), HISTOGRAM_BINS)[0].tolist()],
                          "neg": [np.histogram(flat("negative_scores"), HISTOGRAM_BINS)[0].tolist()]})
@@ -577,6 +691,8 @@ def mining_report(mined) -> dict:
             "rows_without_negative": sum(int(p["without_negative"]) for p in parts),
             "candidates_dropped_by_margin": sum(int(p["dropped_by_margin"]) for p in parts),
             "positives_encoded": sum(int(p["positives_encoded"]) for p in parts),
+            "labelled_negatives_written": sum(int(p["labelled"]) for p in parts),
+            "labelled_negatives_encoded": sum(int(p["labelled_encoded"]) for p in parts),
             "histogram": {"bins": HISTOGRAM_BINS.tolist(),
                           "positive": np.sum([p["pos"] for p in parts], axis=0).astype(int).tolist(),
                           "negative": np.sum([p["neg"] for p in parts], axis=0).astype(int).tolist()}}
@@ -598,7 +714,7 @@ def plot_scores(histogram: dict, path: str | Path, title: str) -> Path:
     centres, width = (bins[:-1] + bins[1:]) / 2, bins[1] - bins[0]
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     ax.bar(centres, histogram["positive"], width=width, alpha=0.6, label="positive")
-    ax.bar(centres, histogram["negative"], width=width, alpha=0.6, label="mined negative")
+    ax.bar(centres, histogram["negative"], width=width, alpha=0.6, label="kept negative (mined or labelled)")
     ax.set_xlabel("score (cosine)")
     ax.set_ylabel("rows")
     ax.set_title(title, fontsize=9)

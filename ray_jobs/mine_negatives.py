@@ -9,9 +9,10 @@ group per query, {query, positives, negatives, positive_scores, negative_scores}
 that Stage 1 trains supervised InfoNCE on (data.format: groups_jsonl, data.group_size, objective infonce).
 
 data.train: (query, positive) rows ({text1, text2} or {query | anchor, positive} JSON lines, Parquet, hf:<dataset>),
-labelled NLI pairs (SNLI/SentEval/pairs JSON lines), of which the entailment pairs are the (query, positive) pairs,
-or a BEIR folder (queries.jsonl, qrels/<data.split, default train>.tsv, corpus.jsonl): every judged (query, document)
-pair, mined among that corpus unless mining.corpus names another.
+labelled NLI pairs (SNLI/SentEval/pairs JSON lines), of which the entailment pairs are the (query, positive) pairs
+(with mining.labelled_negatives [contradiction], a premise's contradictions are its negatives before any mined), or a
+BEIR folder (queries.jsonl, qrels/<data.split, default train>.tsv, corpus.jsonl): every judged (query, document) pair,
+mined among that corpus unless mining.corpus names another.
 
   python ray_jobs/mine_negatives.py --config configs/retrieval/mine-snli-minilm-cpu.yaml
   python ray_jobs/mine_negatives.py --config configs/tiny/mine_negatives.yaml --set mining.relative_margin=0.1
@@ -69,6 +70,11 @@ class MiningConfig(Section):
                                                "many drawn among the kept candidates (FlagEmbedding's guard against "
                                                "unjudged positives), seeded by mining.seed and the query")
     seed: int = Field(42, ge=0, description="seed of sampling: random")
+    labelled_negatives: list[Literal["contradiction", "neutral"]] = Field(
+        default_factory=list, description="with labelled NLI pairs: the premise's hypotheses of these labels join its "
+        "group as negatives before any is mined (SimCSE's and sentence-transformers' all-nli hard negatives: "
+        "[contradiction]), the hardest first, up to negatives_per_row, outside the margins; mined negatives fill "
+        "the rest; [] = mine every negative")
     teacher: str | None = Field(None, description="a bi-encoder that re-scores candidates and positives (the margin "
                                 "then applies to its scores); null = the mining model's scores")
     batch_size: int = Field(64, ge=1, description="texts per encoder call")
@@ -148,6 +154,7 @@ def main(cfg: MineJobConfig) -> dict:
 
     from data_pipelines.mining import (
         MiningSettings,
+        check_labelled_negatives,
         mine,
         mining_corpus,
         mining_report,
@@ -161,6 +168,7 @@ def main(cfg: MineJobConfig) -> dict:
     from runtime.local_ray import ray_session
     from runtime.tracking_store import ensure_experiment, tracking_uri
 
+    check_labelled_negatives(cfg.data, cfg.mining.labelled_negatives)
     model_path = resolve_model(cfg.mining.model)  # fails here, before any Ray resource, if it cannot be found
     teacher_path = resolve_model(cfg.mining.teacher) if cfg.mining.teacher else None
     out = cfg.output_dir.rstrip("/")  # a local folder (made absolute by the config) or an object-store URI
@@ -170,7 +178,8 @@ def main(cfg: MineJobConfig) -> dict:
     pool = cfg.encoder_pool()
     started = time.time()
     with ray_session(outputs={"output_dir": out, **index_outputs()}, shared_filesystem=cfg.shared_filesystem):
-        pairs, report, data_key = query_positive_pairs(cfg.data, join(out, "quarantine.jsonl"))
+        pairs, report, data_key = query_positive_pairs(cfg.data, join(out, "quarantine.jsonl"),
+                                                       tuple(cfg.mining.labelled_negatives))
         from data_pipelines.mining import is_beir_folder
 
         among = cfg.mining.corpus or (cfg.data.train if is_beir_folder(cfg.data.train) else None)
@@ -212,7 +221,7 @@ def _rules(m: MiningConfig) -> str:
     """The mining rules that are set, as one short line (log and plot title)."""
     named = {"range": f"{m.range_min}-{m.range_max}", "absolute_margin": m.absolute_margin,
              "relative_margin": m.relative_margin, "max_score": m.max_score, "min_score": m.min_score,
-             "sampling": m.sampling}
+             "sampling": m.sampling, "labelled_negatives": "/".join(m.labelled_negatives) or None}
     return ", ".join(f"{k} {v}" for k, v in named.items() if v is not None)
 
 

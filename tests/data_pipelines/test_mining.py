@@ -40,12 +40,13 @@ def _pairs(rng, queries=14):
     return rows
 
 
-def _reference(model_dir, pairs, corpus, rules: dict, teacher_dir=None):
+def _reference(model_dir, pairs, corpus, rules: dict, teacher_dir=None, labelled: dict[str, set] | None = None):
     """{query: its negatives, hardest first}, queries left without one, candidates dropped: each query's first
-    range_max texts by the mining model (its known positives and itself left out), ranked by the scorer (the teacher
-    where there is one), kept within the margins below the query's lowest positive score and the score bounds, the
-    first range_min skipped, the hardest negatives_per_row taken. Queries encode on the query side, candidates and
-    positives on the document side (their prompts, model.prompts)."""
+    range_max texts by the mining model (its known positives, its ``labelled`` negatives and itself left out), ranked
+    by the scorer (the teacher where there is one), kept within the margins below the query's lowest positive score
+    and the score bounds, the first range_min skipped, the hardest taken to fill negatives_per_row after the hardest
+    of its labelled negatives (outside the margins; a query they fill is not searched). Queries encode on the query
+    side, candidates, positives and labelled negatives on the document side (their prompts, model.prompts)."""
     from encoders.backbone import inference_embeddings, load_encoder
     from evaluation.search import normalised
 
@@ -60,9 +61,10 @@ def _reference(model_dir, pairs, corpus, rules: dict, teacher_dir=None):
         known.setdefault(row["query"], set()).add(row["positive"])
     expected, without, dropped = {}, 0, 0
     for query, positives in known.items():
+        given = sorted((labelled or {}).get(query, set()) - positives)
         q = normalised(inference_embeddings(model, [query], side="query"))[0]
-        order = [i for i in np.argsort(-(emb @ q), kind="stable") if texts[i] not in positives | {query}]
-        order = order[: r["range_max"]]
+        order = [i for i in np.argsort(-(emb @ q), kind="stable") if texts[i] not in positives | set(given) | {query}]
+        order = order[: r["range_max"]] if len(given) < r["negatives_per_row"] else []  # full: not searched
         q = normalised(inference_embeddings(scorer, [query], side="query"))[0]
         scores = scored @ q
         p = min(float(normalised(inference_embeddings(scorer, [t], side="document"))[0] @ q) for t in positives)
@@ -72,7 +74,10 @@ def _reference(model_dir, pairs, corpus, rules: dict, teacher_dir=None):
                   and (r["max_score"] is None or scores[i] <= r["max_score"])
                   and (r["min_score"] is None or scores[i] >= r["min_score"])]
         dropped += len(order) - len(ranked)
-        negatives = [texts[i] for i in ranked[r["range_min"]:][: r["negatives_per_row"]]]
+        given_scores = normalised(inference_embeddings(scorer, given, side="document")) @ q if given else []
+        kept = sorted(zip(given_scores, given), reverse=True)[: r["negatives_per_row"]]
+        kept += [(scores[i], texts[i]) for i in ranked[r["range_min"]:][: r["negatives_per_row"] - len(kept)]]
+        negatives = [t for _, t in sorted(kept, key=lambda k: -k[0])]
         without += not negatives
         if negatives:
             expected[query] = negatives
@@ -164,8 +169,9 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
 
 
 def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_local, tmp_path, monkeypatch, s3):
-    """Labelled NLI pairs: only entailment pairs are (query, positive); the default corpus is their positives; an
-    absolute margin; the groups, written by the tasks to object storage (the local S3 endpoint), equal the
+    """Labelled NLI pairs: only entailment pairs are (query, positive); a premise's contradictions are its negatives
+    before any mined one (mining.labelled_negatives), never candidates, outside the margin; the default corpus is the
+    positives; an absolute margin; the groups, written by the tasks to object storage (the local S3 endpoint), equal the
     brute-force reference, read back from there as query groups and train a Stage 1 job (groups of 3, query and
     document prompts, Matryoshka at 32/16/8 dimensions, distilled from the mining scores) straight from that
     storage. The corpus index is kept on that storage too (RAOE_INDEX_CACHE): the driver checks it from a listing and
@@ -182,31 +188,45 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_lo
     source = ROOT / "configs" / "tiny" / "data" / "nli_pairs.jsonl"
     rows = [json.loads(line) for line in open(source)]
     entailed = {(r["text1"], r["text2"]) for r in rows if r["label"] == "entailment"}
+    positives, contradictions = {}, {}
+    for q, p in entailed:
+        positives.setdefault(q, set()).add(p)
+    for r in rows:
+        if r["label"] == "contradiction" and r["text1"] in positives:
+            contradictions.setdefault(r["text1"], set()).add(r["text2"])
     cfg = job.MineJobConfig(data={"train": str(source)}, output_dir=s3.uri("mined"), cpus_per_actor=0.5,
                             mining={"model": "tiny:bert", "range_max": 40, "absolute_margin": 0.01,
-                                    "relative_margin": None, "negatives_per_row": 2}, tracking={"experiment": "raoe-test"})
+                                    "relative_margin": None, "negatives_per_row": 2,
+                                    "labelled_negatives": ["contradiction"]}, tracking={"experiment": "raoe-test"})
     result = job.main(cfg)
     as_pairs = [{"query": q, "positive": p} for q, p in sorted(entailed)]
     expected, without, dropped = _reference(resolve_model_source("tiny:bert"), as_pairs, [p for _, p in entailed],
-                                            {"range_max": 40, "absolute_margin": 0.01, "negatives_per_row": 2})
+                                            {"range_max": 40, "absolute_margin": 0.01, "negatives_per_row": 2},
+                                            labelled=contradictions)
+    given = {q: c - positives[q] for q, c in contradictions.items()}
+    assert sum(map(len, given.values())) > len(given) > 5  # premises with one and with several contradictions
+    assert result["labelled_negatives_written"] == sum(min(2, len(c)) for c in given.values())
     assert result["rows_in"] == len(rows) and result["pairs_in"] == len(entailed)
     assert result["corpus_rows"] == len({p for _, p in entailed})
     assert result["positives_encoded"] == 0  # each positive scored from its embedding in the index (on S3)
+    corpus = {p for _, p in entailed}  # the labelled negatives the corpus lacks are encoded, once each (one call)
+    assert result["labelled_negatives_encoded"] == len(set().union(*given.values()) - corpus) > 0
     assert result["output_path"] == s3.uri("mined/data") and result["plot"] == s3.uri("mined/scores.png")
     assert result["index_path"].startswith(s3.uri("indexes/")) and not list((tmp_path / "node").glob("index-*/"))
     assert storage_path(result["plot"]).read_bytes().startswith(b"\x89PNG")
     ds, report = load_corpus("groups", result["output_path"], fmt="groups_jsonl")
     mined = ds.take_all()
     assert report.rows_written == result["rows_written"] == len(mined) > 0
-    assert {r["query"]: list(r["negatives"]) for r in mined} == expected
+    assert {r["query"]: set(r["negatives"]) for r in mined} == {q: set(n) for q, n in expected.items()}  # the
+    # order is checked below by the job's own scores: a near tie may order two otherwise
     assert (result["rows_without_negative"], result["candidates_dropped_by_margin"]) == (without, dropped)
     assert all({(r["query"], p) for p in r["positives"]} <= entailed and len(r["negatives"]) for r in mined)
-    for r in mined:  # hardest first, each under the absolute margin below the query's lowest positive
+    for r in mined:  # hardest first; the mined ones under the absolute margin below the query's lowest positive
         assert list(r["negative_scores"]) == sorted(r["negative_scores"], reverse=True)
-        assert max(r["negative_scores"]) <= min(r["positive_scores"]) - 0.01 + 1e-6
-    positives = {}
-    for q, p in entailed:
-        positives.setdefault(q, set()).add(p)
+        mined_scores = [s for t, s in zip(r["negatives"], r["negative_scores"]) if t not in given.get(r["query"], ())]
+        assert max(mined_scores, default=-1) <= min(r["positive_scores"]) - 0.01 + 1e-6
+        assert len(given.get(r["query"], ())) <= 2 or set(r["negatives"]) <= given[r["query"]]
+    assert any(max(r["negative_scores"]) > min(r["positive_scores"]) - 0.01 for r in mined)  # a labelled one above
     assert all(not set(r["negatives"]) & positives[r["query"]] for r in mined)  # never a known positive
 
     from tests.training.conftest import tiny_config
@@ -295,9 +315,10 @@ def test_single_positive_queries_mine_what_sentence_transformers_mines(ray_local
 
 
 def test_mining_rules_are_bounded_named_and_the_old_keys_still_read(capsys, tmp_path):
-    """Out-of-range rules are refused by key; margin / margin_type / top_k are read as sentence-transformers'
-    names, also from a config file (where every default arrives filled in); sampling: random draws among the
-    candidates past range_min, the same for a query on any actor."""
+    """Out-of-range rules are refused by key, labelled negatives for data without NLI labels by name; margin /
+    margin_type / top_k are read as sentence-transformers' names, also from a config file (where every default
+    arrives filled in); sampling: random draws among the candidates past range_min, the same for a query on any
+    actor."""
     from pydantic import ValidationError
 
     from data_pipelines.mining import MiningSettings
@@ -317,9 +338,18 @@ def test_mining_rules_are_bounded_named_and_the_old_keys_still_read(capsys, tmp_
         load_config(job.MineJobConfig, old_file, ["mining.seed=-1"])
     for bad, key in (({"relative_margin": 1.5}, "relative_margin"), ({"absolute_margin": -0.1}, "absolute_margin"),
                      ({"range_min": 50}, "range_min"), ({"negatives_per_row": 9, "range_max": 10, "range_min": 2},
-                                                        "negatives_per_row")):
+                                                        "negatives_per_row"),
+                     ({"labelled_negatives": ["entailment"]}, "labelled_negatives")):
         with pytest.raises(ValidationError, match=key):
             job.MiningConfig(**bad)
+    from data_pipelines.mining import check_labelled_negatives
+
+    triples = job.MiningDataConfig(train=str(ROOT / "configs" / "tiny" / "data" / "triples.jsonl"))
+    with pytest.raises(ValueError, match=r"mining.labelled_negatives \['contradiction'\] needs labelled NLI pairs; "
+                                         r"data.train .*triples.jsonl is \(query, positive\) rows without labels"):
+        check_labelled_negatives(triples, ["contradiction"])
+    check_labelled_negatives(job.MiningDataConfig(train=str(ROOT / "configs" / "tiny" / "data" / "nli_pairs.jsonl")),
+                             ["contradiction", "neutral"])
     old = job.MiningConfig(top_k=30, margin=0.95, margin_type="relative")
     assert (old.range_max, old.relative_margin, old.absolute_margin) == (30, pytest.approx(0.05), None)
     old = job.MiningConfig(margin=0.1, margin_type="absolute")
@@ -407,7 +437,7 @@ def test_positives_the_index_holds_are_read_from_it_and_only_the_others_encoded(
     model = build_encoder(resolve_model_source("tiny:bert"), max_length=32)
     index = _hand_built_index(tmp_path / "index", model, HELD)
     held, lacking = HELD, ["violin in the desert", "a harbor at night"]
-    pairs = [{"text1": f"query {i}", "text2": t} for i, t in enumerate(held[3:9] + lacking)]
+    pairs = [{"text1": f"query {i}", "text2": t, "is_negative": False} for i, t in enumerate(held[3:9] + lacking)]
     located = located_positives(ray.data.from_items(pairs), index).take_all()
     row_of = {r["text2"]: r["positive_row"] for r in located}
     assert len(located) == len(pairs) and all(row_of[t] == -1 for t in lacking)
@@ -431,19 +461,29 @@ def test_positives_the_index_holds_are_read_from_it_and_only_the_others_encoded(
 def test_positives_grouped_by_query_are_whole_distinct_sorted_and_aligned_with_their_rows(ray_local):
     """Each query's positives come back once each, sorted, each beside its own index row, however the pairs are
     spread over input blocks (a query's pairs in several) and over the hash partitions; repeated pairs count once.
-    The groups then reach the encoder actors in blocks of one call each (every actor gets calls)."""
+    Its labelled negatives come back the same way beside them, less any text that is also its positive; a query with
+    labelled negatives only is left out. The groups then reach the encoder actors in blocks of one call each (every
+    actor gets calls)."""
     import ray
 
     from data_pipelines.mining import in_encoder_calls, positives_by_query
 
     rng = np.random.default_rng(0)
-    pairs = [{"text1": f"query {q}", "text2": f"{WORDS[p]} {q % 3}", "positive_row": 100 * q + p}
-             for q in range(40) for p in rng.choice(len(WORDS), size=1 + q % 4, replace=False)]
+    pairs = [{"text1": f"query {q}", "text2": f"{WORDS[p]} {q % 3}", "positive_row": 100 * q + p,
+              "is_negative": q % 5 == 0 and i > 0}  # 6 queries with labelled negatives beside a positive
+             for q in range(40) for i, p in enumerate(rng.choice(len(WORDS), size=1 + q % 4, replace=False))]
+    first_of_query_1 = next(pair for pair in pairs if pair["text1"] == "query 1")
+    pairs += [{**first_of_query_1, "is_negative": True},  # labelled as a negative, and a positive
+              {"text1": "only negatives", "text2": "river", "positive_row": 8, "is_negative": True}]
     pairs += pairs[::7]  # repeated pairs
     rng.shuffle(pairs)
-    want: dict[str, dict[str, int]] = {}
+    want: dict[str, dict[bool, dict[str, int]]] = {}
     for pair in pairs:
-        want.setdefault(pair["text1"], {})[pair["text2"]] = pair["positive_row"]
+        want.setdefault(pair["text1"], {False: {}, True: {}})[pair["is_negative"]][pair["text2"]] = pair["positive_row"]
+    for known in want.values():
+        known[True] = {t: r for t, r in known[True].items() if t not in known[False]}
+    del want["only negatives"]
+    assert sum(bool(k[True]) for k in want.values()) == 6 and not want["query 1"][True]
     for partitions in (1, 3):
         grouped = positives_by_query(ray.data.from_items(pairs, override_num_blocks=6), partitions).materialize()
         calls, rows = in_encoder_calls(grouped, queries_per_batch=4, actors=2)
@@ -451,9 +491,10 @@ def test_positives_grouped_by_query_are_whole_distinct_sorted_and_aligned_with_t
         got = calls.take_all()
         assert len(got) == len(want)
         for row in got:
-            known = want[row["text1"]]
-            assert list(row["positives"]) == sorted(known)
-            assert list(row["positive_rows"]) == [known[t] for t in sorted(known)]
+            for texts, at, known in (("positives", "positive_rows", want[row["text1"]][False]),
+                                     ("labelled_negatives", "labelled_rows", want[row["text1"]][True])):
+                assert list(row[texts]) == sorted(known)
+                assert list(row[at]) == [known[t] for t in sorted(known)]
 
 
 HELD = [f"{a} {b} {c}" for a, b, c in zip(WORDS, WORDS[3:], WORDS[7:])]
@@ -479,9 +520,10 @@ def _hand_built_index(folder: Path, model, texts: list[str]):
 
 
 def test_a_teachers_scores_read_from_its_aligned_index_equal_encoding_each_batch(ray_local, tmp_path, capsys):
-    """The two ways a teacher scores (its index of the corpus row for row, or each batch's candidates and positives
-    encoded) give the same scores; the teacher's index is built by aligned_index into a local cache folder (the
-    end-to-end teacher test keeps its indexes on object storage), shard for shard, and found there the second time;
+    """The two ways a teacher scores (its index of the corpus row for row, or each batch's candidates, positives and
+    labelled negatives encoded) give the same scores; the teacher's index is built by aligned_index into a local
+    cache folder (the end-to-end teacher test keeps its indexes on object storage), shard for shard, and found there
+    the second time;
     its cache key changes with the shards of the index it follows (a rebuilt corpus index, in another row order, never
     finds the old teacher index)."""
     import dataclasses
@@ -506,14 +548,32 @@ def test_a_teachers_scores_read_from_its_aligned_index_equal_encoding_each_batch
     settings = MiningSettings(model_path="unused", index_path=str(index.path), teacher_path=str(teacher))
     by_row = NegativeMiner(dataclasses.replace(settings, teacher_index_path=str(aligned.path)))
     by_batch = NegativeMiner(settings)
-    queries, positives = ["a silver engine", "bread and music"], [[HELD[1], "a harbor at night"], [HELD[9]]]
-    rows = [np.array([1, -1]), np.array([9])]
+    queries = ["a silver engine", "bread and music"]
+    batch = {"positives": [[HELD[1], "a harbor at night"], [HELD[9]]], "positive_rows": [[1, -1], [9]],
+             "labelled_negatives": [[HELD[5]], ["a violin at dusk", HELD[6]]], "labelled_rows": [[5], [-1, 6]]}
     found_of = [[(HELD[r], 0.0, r) for r in (3, 7, 12)], [(HELD[r], 0.0, r) for r in (7, 2)]]
-    pos_a, cand_a, encoded_a = by_row._teacher_scores(queries, positives, rows, found_of)
-    pos_b, cand_b, encoded_b = by_batch._teacher_scores(queries, positives, rows, found_of)
-    assert (encoded_a, encoded_b) == (1, 3)  # the lacking positive; every positive of the batch
-    for a, b in zip(pos_a + cand_a, pos_b + cand_b):
+    (pos_a, labelled_a), cand_a, encoded_a = by_row._teacher_scores(queries, batch, found_of)
+    (pos_b, labelled_b), cand_b, encoded_b = by_batch._teacher_scores(queries, batch, found_of)
+    assert (encoded_a, encoded_b) == ([1, 1], [3, 3])  # what the corpus lacks; every known text of the batch
+    for a, b in zip(pos_a + labelled_a + cand_a, pos_b + labelled_b + cand_b):
         np.testing.assert_allclose(a, b, atol=1e-5)
+    assert [len(s) for s in labelled_a] == [1, 2]
+
+    # the whole phase with the teacher: the labelled negatives in the groups with its scores, the hardest first
+    columns = {"text1": queries, **batch, "positive_scores": [np.zeros(0)] * 2, "labelled_scores": [np.zeros(0)] * 2,
+               "known_encoded": [[0, 0], [0, 0]], "candidate_rows": [np.array([3, 7, 12]), np.array([7, 2])],
+               "candidate_scores": [np.array([0.9, 0.8, 0.7]), np.array([0.9, 0.8])]}
+    two = NegativeMiner(dataclasses.replace(settings, teacher_index_path=str(aligned.path), negatives_per_row=2,
+                                            relative_margin=None))
+    groups = two({k: np.array(list(v) + [None], dtype=object)[:-1] for k, v in columns.items()}).to_pylist()
+    first, second = groups[0], groups[1]
+    by_teacher = dict(zip([HELD[r] for r in (3, 7, 12)], cand_a[0]))
+    assert first["negatives"][0] == HELD[5] or first["negatives"][1] == HELD[5]  # its one labelled, one mined
+    assert set(first["negatives"]) - {HELD[5]} == {max(by_teacher, key=by_teacher.get)}
+    assert sorted(second["negatives"]) == sorted(batch["labelled_negatives"][1])  # its two labelled fill the group
+    np.testing.assert_allclose(sorted(second["negative_scores"], reverse=True), second["negative_scores"])
+    np.testing.assert_allclose(sorted(second["negative_scores"]), sorted(labelled_a[1]), atol=1e-5)
+    assert json.loads(groups[2]["batch_stats"])["labelled_negatives"] == 3
     assert len(cand_a[0]) == 3 and len(cand_a[1]) == 2
 
     rebuilt = _hand_built_index(tmp_path / "rebuilt" / "index", student, HELD)  # the same key (folder), new shards
