@@ -5,19 +5,24 @@
   ->  train groups of 8 with query/document prompts, InfoNCE + KL distillation, Matryoshka 384/256/128/64
   (configs/retrieval/stage1-distill-mined-cpu.yaml)  ->  evaluate again, at each Matryoshka size
 
-Mining: SNLI dev's (premise, entailment hypothesis) pairs among every distinct SNLI dev hypothesis. Evaluation: the
+Mining: SNLI dev's (premise, entailment hypothesis) pairs, each premise's contradiction and neutral hypotheses its
+first negatives, the rest mined among SNLI dev's entailment hypotheses. Evaluation: the
 offline BEIR tasks of scripts/make_beir_sets.py (SNLI *test* premises retrieving their entailments among 9,639
 hypotheses, STS-B dev sentence 1 retrieving sentence 2 among 1,467) and the STS tasks the development data holds
 (STS12 and STS-B dev; the other five of the seven are not there). Nothing of SNLI test is trained on. Then the
 step time in process (MiniLM, this CPU): groups of 8 against pairs, Matryoshka against without.
 Results: ``benchmarks/results/retrieval_recipe.{json,md}`` (with --skip-jobs, ``retrieval_recipe_steps.{json,md}``).
 
-  python benchmarks/retrieval_recipe.py [--max-rows 0] [--skip-jobs]
+  python benchmarks/retrieval_recipe.py [--max-rows 0] [--skip-jobs] [--baselines-from results.json]
+
+--baselines-from takes the student's and the teacher's rows from an earlier full run's JSON instead of evaluating
+them again (about 19 of the run's 47 minutes here): the evaluation code and data must be those of that run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -46,8 +51,13 @@ def main() -> None:
     parser.add_argument("--max-rows", type=int, default=0, help="cap on SNLI dev rows read for mining (0: all)")
     parser.add_argument("--skip-jobs", action="store_true", help="only the in-process step timings (written to "
                         "retrieval_recipe_steps.{json,md}, beside the last full run's)")
+    parser.add_argument("--baselines-from", type=Path, help="an earlier run's retrieval_recipe.json: its student and "
+                        "teacher rows are reused, not evaluated again")
     args = parser.parse_args()
-    jobs = {} if args.skip_jobs else run_jobs(args.max_rows)
+    earlier = _baselines(args.baselines_from) if args.baselines_from else None
+    jobs = {} if args.skip_jobs else run_jobs(args.max_rows, earlier["results"] if earlier else None)
+    if earlier:
+        jobs["baselines_from"] = {"file": str(args.baselines_from), "machine": earlier.get("machine")}
     steps = step_times()
     if args.skip_jobs:
         report_steps(steps)
@@ -55,7 +65,22 @@ def main() -> None:
     report(jobs, steps)
 
 
-def run_jobs(max_rows: int) -> dict:
+def _baselines(path: Path) -> dict:
+    """An earlier full run's JSON, checked before any job runs: its student and teacher rows must cover every task
+    and Matryoshka size this run reports, and be its own evaluations, not rows it reused in turn."""
+    earlier = json.loads(path.read_text())
+    results = earlier.get("results", {})
+    if earlier.get("baselines_from"):
+        raise SystemExit(f"{path}: its student and teacher rows were reused from {earlier['baselines_from']['file']}: "
+                         "pass the run that evaluated them")
+    missing = [name for name in ("teacher", "student", "student_dims") if name not in results]
+    missing += [f"student_dims.{d}" for d in ["384", *map(str, DIMS)] if d not in results.get("student_dims", {})]
+    if missing:
+        raise SystemExit(f"{path} lacks {missing}: run the recipe without --baselines-from")
+    return earlier
+
+
+def run_jobs(max_rows: int, baselines: dict | None = None) -> dict:
     data = find_data_dir()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -69,7 +94,7 @@ def run_jobs(max_rows: int) -> dict:
                     "--set", f"eval.retrieval=[{', '.join(str(p) for p in beir.values())}]"]
         dims = ["--set", f"eval.dims=[{', '.join(map(str, DIMS))}]"]
         cap = ["--set", f"data.max_rows={max_rows}"] if max_rows else []
-        out, seconds = {"tasks": list(beir)}, {}
+        out, seconds = {"tasks": list(beir), "baselines": baselines}, {}
 
         def timed(name, job_args):
             started = time.time()
@@ -77,8 +102,9 @@ def run_jobs(max_rows: int) -> dict:
             seconds[name] = time.time() - started
 
         with LocalHead(env) as head:
-            timed("student", evaluate + dims + ["--set", f"model.source={STUDENT}"])
-            timed("teacher", evaluate + ["--set", f"model.source={TEACHER}"])
+            if not baselines:
+                timed("student", evaluate + dims + ["--set", f"model.source={STUDENT}"])
+                timed("teacher", evaluate + ["--set", f"model.source={TEACHER}"])
             timed("mine", ["ray_jobs/mine_negatives.py", "--config", MINE, "--set", f"data.train={data / 'snli'}",
                            "--set", f"output_dir={tmp / 'mined'}", *cap])
             timed("score", ["ray_jobs/annotate.py", "--config", SCORE, "--set", f"data.train={tmp / 'mined' / 'data'}",
@@ -211,19 +237,22 @@ def report(jobs: dict, steps: dict) -> None:
         table = _rows(jobs)
         payload |= {"results": table, "mining": {k: jobs["mine"][k] for k in (
             "rows_in", "pairs_in", "corpus_rows", "rows_written", "negatives_written", "rows_without_negative",
-            "candidates_dropped_by_margin")}, "training": jobs["train"]["metrics"], "seconds": jobs["seconds"]}
+            "candidates_dropped_by_margin", "labelled_negatives_written")}, "training": jobs["train"]["metrics"],
+            "seconds": jobs["seconds"]} | ({"baselines_from": jobs["baselines_from"]} if jobs.get("baselines_from")
+                                          else {})
         snli = tasks[0]
         student, teacher = table["student"][snli]["ndcg@10"], table["teacher"][snli]["ndcg@10"]
         trained = table["trained"][snli]["ndcg@10"]
         closed = (trained - student) / (teacher - student) if teacher != student else float("nan")
         payload["gap_closed"] = closed
-        lines += [f"`{STUDENT}` mines SNLI dev (premise -> entailment) query groups among SNLI dev's hypotheses (top "
-                  "30, relative margin 0.95, 7 negatives each), `" + TEACHER + "` scores every (premise, text) pair, "
-                  "and the student trains one epoch on groups of 8 (32 premises a step) with query/document prompts, "
-                  "InfoNCE + KL distillation (teacher_tau 0.05) at 384/256/128/64 dimensions (Matryoshka). Evaluated "
-                  "on SNLI *test* and STS-B dev retrieval and STS (the average of STS12 and STS-B dev Spearman: the "
-                  f"development data holds no other of the 7 tasks), never trained on. {os.cpu_count()} "
-                  "CPUs, every job through `ray job submit` on a local head.", "",
+        lines += ["SNLI dev (premise -> entailment) query groups of 7 negatives each: the premise's own contradiction "
+                  f"and neutral hypotheses first (mining.labelled_negatives), the rest mined by `{STUDENT}` among SNLI "
+                  "dev's entailment hypotheses (top 30, relative margin 0.05 below the positive); `" + TEACHER
+                  + "` scores every (premise, text) pair, and the student trains one epoch on groups of 8 (32 "
+                  "premises a step) with query/document prompts, InfoNCE + KL distillation (teacher_tau 0.05) at "
+                  "384/256/128/64 dimensions (Matryoshka). Evaluated on SNLI *test* and STS-B dev retrieval and STS "
+                  "(the average of STS12 and STS-B dev Spearman: the development data holds no other of the 7 tasks), "
+                  f"never trained on. {os.cpu_count()} CPUs, every job through `ray job submit` on a local head.", "",
                   "| model | dims | " + " | ".join(f"{t} nDCG@10 | {t} Recall@10" for t in tasks)
                   + " | STS avg (STS12, STS-B dev) |", "|---|---|" + "---|---|" * len(tasks) + "---|"]
         for name, by_dim in (("student", table["student_dims"]), ("trained", table["trained_dims"]),
@@ -236,10 +265,15 @@ def report(jobs: dict, steps: dict) -> None:
                   f"{100 * teacher:.2f}: {100 * closed:.0f}% of the student-teacher gap closed.", "",
                   f"Mining: {m['rows_in']:,} rows read, {m['pairs_in']:,} (query, positive) pairs, corpus "
                   f"{m['corpus_rows']:,} texts, {m['rows_written']:,} groups with {m['negatives_written']:,} negatives, "
-                  f"{m['rows_without_negative']:,} pairs without a negative. Training: "
+                  f"{m['rows_without_negative']:,} pairs without a negative, {m['labelled_negatives_written']:,} "
+                  "of the negatives labelled (the premise's own contradiction or neutral hypotheses). Training: "
                   f"{jobs['train']['metrics']['steps']} steps.", "",
                   "Seconds (each job's wall time through ray job submit): "
                   + ", ".join(f"{k} {v:.0f}" for k, v in jobs["seconds"].items()) + "."]
+        if jobs.get("baselines_from"):
+            lines += ["", "The student's and the teacher's rows are an earlier full run's (--baselines-from "
+                      f"{jobs['baselines_from']['file']}), with the same evaluation code and data; that run's machine: "
+                      f"{jobs['baselines_from']['machine']}."]
     lines += step_lines(steps)
     print(write_results("retrieval_recipe", payload, "\n".join(lines) + "\n").read_text())
 
@@ -276,8 +310,10 @@ def _rows(jobs: dict) -> dict:
         sts = [v for k, v in part["metrics"].items() if k != "avg" and v is not None]
         return {**part["retrieval"], "sts_avg": sum(sts) / len(sts)}
 
-    table = {"teacher": scored(jobs["teacher"])}
-    for name in ("student", "trained"):
+    reused = jobs.get("baselines")
+    table = {k: reused[k] for k in ("teacher", "student", "student_dims")} if reused else \
+        {"teacher": scored(jobs["teacher"])}
+    for name in ("trained",) if reused else ("student", "trained"):
         table[name] = scored(jobs[name])
         table[f"{name}_dims"] = {"384": table[name], **{str(d): scored(jobs[name], d) for d in DIMS}}
     return table
