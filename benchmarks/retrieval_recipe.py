@@ -41,6 +41,7 @@ STUDENT, TEACHER = "pypi:all-minilm-l6-v2", "pypi:all-mpnet-base-v2"
 MINE, SCORE = "configs/retrieval/mine-snli-minilm-cpu.yaml", "configs/annotate/groups-mpnet.yaml"
 TRAIN = "configs/retrieval/stage1-distill-mined-cpu.yaml"
 DIMS = [256, 128, 64]  # the student's whole embedding is 384
+TASKS = ("snli-test", "stsb-dev")  # the folders make_sets writes by default, by name
 STEP_QUERIES, TIMED_STEPS, OBJECTIVE_REPEATS = 32, 6, 30
 MATRYOSHKA = ((384, 1.0), (256, 1.0), (128, 1.0), (64, 1.0))
 STEP_SETTINGS = {"pairs": (1, ()), "groups of 8": (8, ()), "groups of 8, Matryoshka": (8, MATRYOSHKA)}  # group size, dims
@@ -75,6 +76,9 @@ def _baselines(path: Path) -> dict:
                          "pass the run that evaluated them")
     missing = [name for name in ("teacher", "student", "student_dims") if name not in results]
     missing += [f"student_dims.{d}" for d in ["384", *map(str, DIMS)] if d not in results.get("student_dims", {})]
+    scored = [("teacher", results.get("teacher", {}))] + [(f"student_dims.{d}", row) for d, row in
+                                                         results.get("student_dims", {}).items()]
+    missing += [f"{name}.{key}" for name, row in scored for key in (*TASKS, "sts_avg") if key not in row]
     if missing:
         raise SystemExit(f"{path} lacks {missing}: run the recipe without --baselines-from")
     return earlier
@@ -238,7 +242,7 @@ def report(jobs: dict, steps: dict) -> None:
         payload |= {"results": table, "mining": {k: jobs["mine"][k] for k in (
             "rows_in", "pairs_in", "corpus_rows", "rows_written", "negatives_written", "rows_without_negative",
             "candidates_dropped_by_margin", "labelled_negatives_written")}, "training": jobs["train"]["metrics"],
-            "seconds": jobs["seconds"]} | ({"baselines_from": jobs["baselines_from"]} if jobs.get("baselines_from")
+            "job_seconds": jobs["seconds"]} | ({"baselines_from": jobs["baselines_from"]} if jobs.get("baselines_from")
                                           else {})
         snli = tasks[0]
         student, teacher = table["student"][snli]["ndcg@10"], table["teacher"][snli]["ndcg@10"]

@@ -18,10 +18,11 @@ after the query's known positives, before any margin (sentence-transformers sear
 largest number of positives per query, and keeps ``range_max`` of them after the margins: its pool depends on the
 other queries); with a teacher, those candidates are re-scored.
 
-Each text is encoded once by each model: a known positive the corpus holds is scored from its embedding in the index
-(found by a join on its id, its text checked), only the others are encoded. Where the queries may find every corpus
-text (corpus rows <= queries x range_max), a teacher encodes the corpus once into an index of the same rows (cached
-like the mining model's) and its scores of the candidates and positives are read from it by row, however many queries
+Each text is encoded once by each model: a known positive or labelled negative the corpus holds is scored from its
+embedding in the index (found by a join on its id, its text checked), only the others are encoded. Where the queries
+may find every corpus text (corpus rows <= queries x range_max), a teacher encodes the corpus once into an index of
+the same rows (cached like the mining model's) and its scores of the candidates and known texts are read from it by
+row, however many queries
 find a text; a larger corpus is not encoded whole: each batch's teacher encodes the candidates its queries found.
 
 Reading, encoding, searching and writing run in Ray Data; the driver only sees per-batch counts."""
@@ -498,7 +499,7 @@ class NegativeMiner:
     """Phase 3, a Ray Data actor: the candidates' texts looked up in the index, the known positives, the labelled
     negatives and the query left out, the margins and bounds applied against the query's lowest positive, the
     negatives picked after the query's labelled ones (which no margin, bound or range_min touches); with a
-    teacher (loaded once per actor, to encode the queries) the positives and candidates re-scored by it first, from
+    teacher (loaded once per actor, to encode the queries) the known texts and candidates re-scored by it first, from
     the teacher's index of the corpus (aligned_index: the same rows)."""
 
     def __init__(self, settings: MiningSettings):
@@ -520,7 +521,7 @@ class NegativeMiner:
         found_of = self._candidates(queries, positives, labelled, batch["candidate_rows"], batch["candidate_scores"])
         pos_scores_of, labelled_scores_of = list(batch["positive_scores"]), list(batch["labelled_scores"])
         cand_scores_of = [np.asarray([score for _, score, _ in found], dtype=np.float32) for found in found_of]
-        encoded = np.sum(np.asarray(batch["known_encoded"]), axis=0)
+        encoded = np.asarray(batch["known_encoded"], dtype=np.int64).reshape(-1, 2).sum(axis=0)
         if self.teacher is not None:
             (pos_scores_of, labelled_scores_of), cand_scores_of, by_teacher = self._teacher_scores(queries, batch,
                                                                                                  found_of)

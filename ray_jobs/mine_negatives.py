@@ -75,7 +75,8 @@ class MiningConfig(Section):
         "group as negatives before any is mined (SimCSE's and sentence-transformers' all-nli hard negatives: "
         "[contradiction]), the hardest first, up to negatives_per_row, outside the margins; mined negatives fill "
         "the rest; [] = mine every negative")
-    teacher: str | None = Field(None, description="a bi-encoder that re-scores candidates and positives (the margin "
+    teacher: str | None = Field(None, description="a bi-encoder that re-scores candidates, positives and labelled "
+                                "negatives (the margin "
                                 "then applies to its scores); null = the mining model's scores")
     batch_size: int = Field(64, ge=1, description="texts per encoder call")
     queries_per_batch: int = Field(256, ge=1, description="queries per batch of the search and the picking, and "
