@@ -180,11 +180,11 @@ def _judged_only(table, ids):
 def query_positive_pairs(data_cfg, quarantine_path: Path, labelled_negatives: tuple[str, ...] = ()):
     """(Ray Dataset of text1, text2, is_negative rows, DataReport, the data's cache key); a BEIR folder gives its
     qrels' pairs. Labelled NLI pairs give their entailment pairs as (query, positive) and, for each label in
-    ``labelled_negatives``, those pairs as (query, labelled negative) rows (is_negative true)."""
+    ``labelled_negatives``, those pairs as (query, labelled negative) rows (is_negative true); the job refuses
+    labelled_negatives for other data first (check_labelled_negatives)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    check_labelled_negatives(data_cfg, labelled_negatives)
     if is_beir_folder(data_cfg.train):
         split = data_cfg.split or "train"
         ds, report = beir_pairs(data_cfg.train, split)
@@ -321,8 +321,9 @@ def _known_texts_by_query(batch: dict[str, np.ndarray]):
         columns["text1"].append(query)
         for texts_key, rows_key, row_of in (("positives", "positive_rows", positive_row),
                                             ("labelled_negatives", "labelled_rows", labelled_row)):
-            columns[texts_key].append(sorted(row_of))
-            columns[rows_key].append([row_of[t] for t in sorted(row_of)])
+            ordered = sorted(row_of)
+            columns[texts_key].append(ordered)
+            columns[rows_key].append([row_of[t] for t in ordered])
     texts, rows = pa.list_(pa.large_string()), pa.list_(pa.int64())
     return pa.table(columns, schema=pa.schema([("text1", pa.large_string()), ("positives", texts),
                                                ("positive_rows", rows), ("labelled_negatives", texts),
