@@ -67,8 +67,6 @@ def read_cached(folder, quarantine_path) -> tuple | None:
     """(Ray Dataset, report fields) of a whole cached corpus, or None. An entry counts only once its report (written
     last) is there and its Parquet files are the ones the report lists, with the rows it counted; anything else is
     a miss, said aloud. Its quarantine file is copied where this run keeps its own."""
-    import ray
-
     for attempt, report in _committed(storage_path(folder)):
         problem = _mismatch(attempt / "rows", report)
         if problem:
@@ -79,8 +77,23 @@ def read_cached(folder, quarantine_path) -> tuple | None:
             target.write_bytes((attempt / "quarantine.jsonl").read_bytes())
             report["quarantine_path"] = str(target)
         fields = {k: v for k, v in report.items() if k not in ENTRY_KEYS}
-        return ray.data.read_parquet(str(attempt / "rows")).materialize(), fields
+        return _read_rows(attempt / "rows"), fields
     return None
+
+
+def _read_rows(rows_folder):
+    """The entry's Parquet files as one materialised Dataset, read by Ray Data's first Parquet reader. Ray 2.60's
+    default one (DataSourceV2) starts a pool of FooterReader actors on every read to index the files' row groups:
+    about a second of process start-up on each warm start of a job, for footers this module has already read on the
+    driver to check the entry (``_mismatch``). The reader is chosen in Ray Data's context for this read only."""
+    import ray
+
+    context = ray.data.DataContext.get_current()
+    default_reader, context.use_datasource_v2 = context.use_datasource_v2, False
+    try:
+        return ray.data.read_parquet(str(rows_folder)).materialize()
+    finally:
+        context.use_datasource_v2 = default_reader
 
 
 def write_cached(folder, ds, report: dict) -> bool:

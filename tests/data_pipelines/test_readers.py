@@ -213,6 +213,9 @@ def test_two_runs_caching_the_same_corpus_at_once_never_mix_their_files(ray_loca
     assert write_cached(folder, second, {"rows_written": 20})  # committed second: the first is read
     ds, report = read_cached(folder, None)
     assert sorted(r["text"] for r in ds.take_all()) == sorted(f"a{i}" for i in range(20))
+    # read by Ray Data's first Parquet reader, which starts no FooterReader actor pool; the default stays for others
+    assert "ReadParquet" in ds.stats() and "ListFiles" not in ds.stats()
+    assert ray.data.DataContext.get_current().use_datasource_v2
     assert report["rows_written"] == 20 and [p.name for p in folder.parent.iterdir()] == ["key"]
     attempts = sorted(folder.iterdir(), key=lambda a: json.loads((a / "report.json").read_text())["committed_at"])
     (attempts[1] / "report.json").unlink()  # the second writer was killed before its commit
