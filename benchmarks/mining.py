@@ -106,6 +106,8 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
     args = parser.parse_args()
     only = set(args.only.split(","))
+    if args.actors == 1:
+        only.discard("raoe-warm-1")  # raoe-warm is that run
     if only - set(RUNS) or "st" not in only and "raoe-cold" not in only:
         parser.error(f"--only: a subset of {','.join(RUNS)} holding st or raoe-cold (the reference rows)")
     if {"raoe-warm", "raoe-faiss", "raoe-warm-1"} & only and "raoe-cold" not in only:
