@@ -31,8 +31,13 @@ def measure(data: Path, kind: str, rounds: int) -> dict[str, list[float]]:
     from runtime.local_ray import ray_session
 
     def default_reader(folder):  # what read_cached did before, with Ray 2.60's default whatever the environment says
-        ray.data.DataContext.get_current().use_datasource_v2 = True
-        return ray.data.read_parquet(str(folder)).materialize()
+        context = ray.data.DataContext.get_current()
+        v2_before, context.use_datasource_v2 = context.use_datasource_v2, True
+        try:
+            planned = ray.data.read_parquet(str(folder))
+        finally:
+            context.use_datasource_v2 = v2_before
+        return planned.materialize()
 
     original = corpus_cache._read_rows
     readers = {READERS[0]: default_reader, READERS[1]: original}
@@ -63,20 +68,24 @@ def main() -> None:
     parser.add_argument("--kind", default="pairs")
     args = parser.parse_args()
 
+    import ray
+
     from benchmarks.common import machine, write_results
 
     seconds = measure(args.data, args.kind, args.rounds)
     medians = {name: statistics.median(v) for name, v in seconds.items()}
     rows = "\n".join(f"| {name} | {medians[name]:.3f} | {', '.join(f'{s:.3f}' for s in seconds[name])} |"
                      for name in READERS)
-    data = args.data.resolve().relative_to(ROOT) if args.data.resolve().is_relative_to(ROOT) else args.data
+    resolved = args.data.resolve()
+    data = resolved.relative_to(ROOT) if resolved.is_relative_to(ROOT) else args.data
     markdown = (f"# A warm job's corpus read from the cache\n\n`load_corpus` of an unchanged cached corpus ({args.kind}, "
                 f"`{data}`), counted; "
-                f"the two readers in turn on one local Ray (2 CPUs), {args.rounds} rounds after one that warms both. "
+                f"the two readers in turn on one local Ray {ray.__version__} (2 CPUs), {args.rounds} rounds after one that "
+                f"warms both. "
                 f"Machine: {machine()}.\n\n| cache files read by | median s | runs |\n|---|---|---|\n{rows}\n\n"
                 f"The V1 reader saves {medians[READERS[0]] - medians[READERS[1]]:.2f} s a read "
                 f"({medians[READERS[0]] / medians[READERS[1]]:.1f}x).\n")
-    payload = {"machine": machine(), "data": str(data), "kind": args.kind, "rounds": args.rounds,
+    payload = {"machine": machine(), "ray": ray.__version__, "data": str(data), "kind": args.kind, "rounds": args.rounds,
                "seconds": seconds, "median_s": medians}
     print(markdown)
     print(f"wrote {write_results('corpus_cache_read', payload, markdown)}")

@@ -84,18 +84,18 @@ def read_cached(folder, quarantine_path) -> tuple | None:
 def _read_rows(rows_folder):
     """The entry's Parquet files as one materialised Dataset, read by Ray Data's V1 Parquet reader
     (``DataContext.use_datasource_v2 = False``). Ray 2.60's default reader (DataSourceV2) starts a pool of FooterReader
-    actors on every read to index the files' row groups: about 2 s of each warm start of a job here
+    actors on every read to index the files' row groups: 2-3 s of each warm start of a job here
     (benchmarks/corpus_cache_read.py), for footers this module has already read on the driver to check the entry
     (``_mismatch``). The flag is read when ``read_parquet`` plans the read, so it is off for that call only. No
     partitioning: a ``key=value`` folder in the storage path is not a column of the corpus."""
     import ray
 
     context = ray.data.DataContext.get_current()
-    v2_by_default, context.use_datasource_v2 = context.use_datasource_v2, False
+    v2_before, context.use_datasource_v2 = context.use_datasource_v2, False
     try:
         planned = ray.data.read_parquet(str(rows_folder), partitioning=None)
     finally:
-        context.use_datasource_v2 = v2_by_default
+        context.use_datasource_v2 = v2_before
     return planned.materialize()
 
 
