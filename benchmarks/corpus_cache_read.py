@@ -31,12 +31,8 @@ def measure(data: Path, kind: str, rounds: int) -> dict[str, list[float]]:
     from runtime.local_ray import ray_session
 
     def default_reader(folder):  # what read_cached did before, with Ray 2.60's default whatever the environment says
-        context = ray.data.DataContext.get_current()
-        v2_before, context.use_datasource_v2 = context.use_datasource_v2, True
-        try:
+        with corpus_cache.parquet_reader(v2=True):
             planned = ray.data.read_parquet(str(folder))
-        finally:
-            context.use_datasource_v2 = v2_before
         return planned.materialize()
 
     original = corpus_cache._read_rows

@@ -14,6 +14,7 @@ recently used entries until the cache fits. A read lists nothing beyond its own 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -82,21 +83,30 @@ def read_cached(folder, quarantine_path) -> tuple | None:
 
 
 def _read_rows(rows_folder):
-    """The entry's Parquet files as one materialised Dataset, read by Ray Data's V1 Parquet reader
-    (``DataContext.use_datasource_v2 = False``). Ray 2.60's default reader (DataSourceV2) starts a pool of FooterReader
-    actors on every read to index the files' row groups: 2-3 s of each warm start of a job here
-    (benchmarks/corpus_cache_read.py), for footers this module has already read on the driver to check the entry
-    (``_mismatch``). The flag is read when ``read_parquet`` plans the read, so it is off for that call only. No
-    partitioning: a ``key=value`` folder in the storage path is not a column of the corpus."""
+    """The entry's Parquet files as one materialised Dataset, read by Ray Data's V1 Parquet reader. Ray 2.60's default
+    reader (DataSourceV2) starts a pool of FooterReader actors on every read to index the files' row groups: 2-3 s of
+    each warm start of a job here (benchmarks/corpus_cache_read.py), for footers this module has already read on the
+    driver to check the entry (``_mismatch``). No partitioning: a ``key=value`` folder in the storage path is not a
+    column of the corpus."""
+    import ray
+
+    with parquet_reader(v2=False):
+        planned = ray.data.read_parquet(str(rows_folder), partitioning=None)
+    return planned.materialize()
+
+
+@contextlib.contextmanager
+def parquet_reader(v2: bool):
+    """Ray Data's Parquet reader for the ``read_parquet`` calls inside: DataSourceV2 or V1
+    (``DataContext.use_datasource_v2``, read when a read is planned), the setting before restored after."""
     import ray
 
     context = ray.data.DataContext.get_current()
-    v2_before, context.use_datasource_v2 = context.use_datasource_v2, False
+    v2_before, context.use_datasource_v2 = context.use_datasource_v2, v2
     try:
-        planned = ray.data.read_parquet(str(rows_folder), partitioning=None)
+        yield
     finally:
         context.use_datasource_v2 = v2_before
-    return planned.materialize()
 
 
 def write_cached(folder, ds, report: dict) -> bool:

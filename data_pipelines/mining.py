@@ -229,7 +229,7 @@ def check_labelled_negatives(data_cfg, labelled_negatives) -> None:
     else:
         return
     raise ValueError(f"mining.labelled_negatives {list(labelled_negatives)} needs labelled NLI pairs; "
-                         f"data.train {data_cfg.train} is {what}")
+                     f"data.train {data_cfg.train} is {what}")
 
 
 def _data_key(data_cfg, kind: str, fmt: str) -> str:
