@@ -3,6 +3,7 @@ on the same pairs, model and settings, in the same run.
 
   python benchmarks/mining.py [--pairs 0] [--actors 2]
   python benchmarks/mining.py --synthetic 100000 --only st,raoe-cold     # results: mining_100000.{json,md}
+  python benchmarks/mining.py --synthetic 100000 --only raoe-cold,raoe-warm,raoe-warm-1 --name mining_100000_actors
 
 Pairs: SNLI dev's (premise, entailment hypothesis) pairs (``--pairs`` caps them; 0 = all), or ``--synthetic N``
 pairs made of them for scale: each a random SNLI dev entailment pair with the same random SNLI test sentence appended
@@ -15,7 +16,8 @@ measurements, ``--only`` picks some: st, st-faiss (sentence-transformers exact, 
 (exact search, a cold corpus index), raoe-warm (the index cached), raoe-faiss (``mining.search.method: faiss``), and
 raoe-warm-1 (the index cached, one actor: what the actors add once the corpus is encoded; with ``--actors 1`` it is
 raoe-warm).
-Results: ``benchmarks/results/mining.{json,md}`` (``mining_<pairs>`` for synthetic pairs).
+Results: ``benchmarks/results/mining.{json,md}`` (``mining_<pairs>`` for synthetic pairs; ``--name`` another name, so
+that a run of some rows keeps an earlier run's file).
 """
 
 from __future__ import annotations
@@ -105,6 +107,8 @@ def main() -> None:
     parser.add_argument("--actors", type=int, default=2, help="raoe's encoder actors (1 CPU each)")
     parser.add_argument("--synthetic", type=int, default=0, help="pairs made from SNLI for scale (0: SNLI dev's own)")
     parser.add_argument("--only", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
+    parser.add_argument("--name", default=None,
+                        help="results name (default: mining, or mining_<pairs> with --synthetic)")
     args = parser.parse_args()
     only = set(args.only.split(","))
     if args.actors == 1 and "raoe-warm-1" in only:  # raoe-warm is that run
@@ -185,7 +189,7 @@ def main() -> None:
                      f"{cold['candidates_dropped_by_margin']:,} candidates dropped by it; "
                      f"{cold.get('positives_encoded', 0):,} positives encoded beside the corpus (the others scored "
                      "from the index).")
-    name = f"mining_{n}" if args.synthetic else "mining"
+    name = args.name or (f"mining_{n}" if args.synthetic else "mining")
     print(write_results(name, payload, "\n".join(lines) + "\n").read_text())
 
 
