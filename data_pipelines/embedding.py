@@ -27,7 +27,7 @@ import numpy as np
 
 from data_pipelines.formats import SPLITTABLE, Span, _json_records, detect_format, parse, read_spans
 from data_pipelines.readers import SPAN_BYTES, BadDataError, corpus_files
-from encoders.devices import EncoderPool, pool_resources
+from encoders.devices import EncoderPool, pool_resources, shard_pool
 from storage.digests import content_digests
 from storage.paths import files_under, join, storage_path, write_whole
 
@@ -231,7 +231,7 @@ def embed_shards(todo: list[PlannedShard], settings: EmbedSettings, folder: str,
     items = [{"shard": json.dumps(asdict(s))} for s in todo]
     ds = ray.data.from_items(items, override_num_blocks=len(items))
     actors = min(pool.actors, len(todo))  # an actor with no shard would load the model for nothing
-    written = ds.map_batches(ShardEmbedder, batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors),
+    written = ds.map_batches(ShardEmbedder, batch_size=1, compute=shard_pool(actors),
                              fn_constructor_args=(settings, folder),
                              **pool_resources(pool.cpus_per_actor, pool.gpus_per_actor))
     return written.take_all()

@@ -38,6 +38,16 @@ def pool_resources(cpus_per_actor: float, gpus_per_actor: float) -> dict[str, fl
     return {"num_cpus": cpus_per_actor, **({"num_gpus": gpus_per_actor} if gpus_per_actor > 0 else {})}
 
 
+def shard_pool(actors: int):
+    """A Ray Data actor pool whose every call is a whole shard (a corpus index's, an embedded file's: minutes of
+    encoding on CPU), with one call in flight per actor, so that a shard waits for the next free actor. Ray Data's
+    default lets an actor take a second call while it runs one: the first actor to load its model took both of a
+    29,990-text corpus's shards, and the other actor of the pool sat idle through the 202 s build."""
+    import ray
+
+    return ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=1)
+
+
 def gpus_wanted_here(requests: dict[str, float]) -> None:
     """Refuse, before Ray starts, GPU requests (config key -> GPUs per actor) that the local Ray this job would start
     cannot meet: its pool would wait for them forever. A job submitted to a cluster (RAY_ADDRESS set) is not checked

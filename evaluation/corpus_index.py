@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import uuid
@@ -33,12 +34,12 @@ from typing import Iterator
 import numpy as np
 
 from encoders.cache import building, cache_root
-from encoders.devices import EncoderPool, pool_resources
+from encoders.devices import EncoderPool, pool_resources, shard_pool
 from storage.digests import content_digests, hub_revision, tree_digest
 from storage.node_cache import COMPLETE, node_cache_root, node_copy
 from storage.paths import ABANDONED_AFTER_S, files_under, is_uri, join, remove_tree, storage_path, writable_path
 
-SHARD_ROWS = 16384  # rows per shard file: the chunk of one search step
+SHARD_ROWS = 16384  # rows per shard file at most: the chunk of one search step and of one encoder call
 INDEX_FORMAT = 4  # in the cache key: 1 kept ids and texts in parquet, read whole; 2 encoded with no side; 3 no
 # per-shard row counts in meta.json
 LAST_USED = "last_used"  # touched in an index's folder each time a job builds or reads it: least recently used goes first
@@ -368,7 +369,7 @@ def _write_aligned(index: CorpusIndex, model_path: str, folder: str, pool: Encod
     names = list(index.meta["shards"])
     written = ray.data.from_items([{"shard": i} for i in range(len(names))], override_num_blocks=len(names)
                                   ).map_batches(
-        AlignedShardWriter, batch_size=1, compute=ray.data.ActorPoolStrategy(size=pool.actors),
+        AlignedShardWriter, batch_size=1, compute=shard_pool(pool.actors),
         fn_constructor_kwargs={"location": index.location, "model_path": model_path, "batch_size": batch_size,
                                "gpus": pool.gpus_per_actor, "folder": folder},
         **pool_resources(pool.cpus_per_actor, pool.gpus_per_actor)).take_all() if names else []
@@ -500,18 +501,63 @@ def remove_stale_builds(root: Path, now: float | None = None) -> list[str]:
     return removed
 
 
+def shard_pieces(blocks: list[tuple[int, int]], actors: int) -> list[list[tuple[int, int, int]]]:
+    """Each shard's ``(block, start, stop)`` pieces, cut from the blocks' rows (``(start, end)`` of each) taken end to
+    end: as many shards as whole rounds of the pool's actors need to hold at most SHARD_ROWS rows each, of sizes
+    within one row (fewer only where there are fewer rows than actors), whatever the blocks' sizes."""
+    actors, total = max(1, actors), sum(end - start for start, end in blocks)
+    parts = min(total, actors * math.ceil(total / (SHARD_ROWS * actors)))
+    bounds = [round(k * total / parts) for k in range(parts + 1)] if parts else []
+    shards, block, block_first = [], 0, 0  # the block holding row ``bounds[k]`` of the whole, and its first row there
+    for low, high in zip(bounds, bounds[1:]):
+        pieces, row = [], low
+        while row < high:
+            start, end = blocks[block]
+            if row >= block_first + end - start:  # past this block's rows: the next block
+                block_first += end - start
+                block += 1
+                continue
+            stop = min(high, block_first + end - start)
+            pieces.append((block, start + row - block_first, start + stop - block_first))
+            row = stop
+        shards.append(pieces)
+    return shards
+
+
 def _encode_into(corpus, model_path: str, folder: str, *, pool: EncoderPool, batch_size: int,
                  keep_text: bool) -> list[dict]:
-    """The corpus materialised first, then straight into the actor pool, each actor writing the shards it encodes:
-    no task after the actors that would need a CPU they hold (Ray Data would wait forever on a full node)."""
+    """The corpus materialised first, then cut into shards (shard_pieces) that the actor pool takes one at a time,
+    each actor writing the shards it encodes: no task after the actors that would need a CPU they hold (Ray Data
+    would wait forever on a full node). (Handed whole blocks, two at a time, one actor of two encoded a 29,990-text
+    corpus while the other waited.)"""
     import ray
 
-    written = corpus.materialize().map_batches(
-        ShardWriter, batch_size=SHARD_ROWS, compute=ray.data.ActorPoolStrategy(size=pool.actors),
-        fn_constructor_kwargs={"model_path": model_path, "batch_size": batch_size, "gpus": pool.gpus_per_actor,
-                               "keep_text": keep_text, "folder": folder},
+    materialized = corpus.materialize()  # held until the actors are done with its blocks
+    spans = _block_spans(materialized)
+    shards = shard_pieces([(start, end) for _, start, end in spans], pool.actors)
+    if not shards:
+        return []
+    written = ray.data.from_items([{"pieces": json.dumps(pieces)} for pieces in shards],
+                                  override_num_blocks=len(shards)).map_batches(
+        PiecesWriter, batch_size=1, compute=shard_pool(min(pool.actors, len(shards))),
+        fn_constructor_kwargs={"blocks": [ref for ref, _, _ in spans], "model_path": model_path,
+                               "batch_size": batch_size, "gpus": pool.gpus_per_actor, "keep_text": keep_text,
+                               "folder": folder},
         **pool_resources(pool.cpus_per_actor, pool.gpus_per_actor))
     return sorted(written.take_all(), key=lambda s: s["shard"])
+
+
+def _block_spans(materialized) -> list[tuple]:
+    """(object reference, first row, end row) of each block of a materialised dataset, as far as the dataset holds it
+    (Ray Data's developer API ``iter_internal_ref_bundles``: each entry's ``ref``, the bundle's ``slices``)."""
+    spans = []
+    for bundle in materialized.iter_internal_ref_bundles():
+        for entry, piece in zip(bundle.blocks, bundle.slices):
+            rows = entry.metadata.num_rows
+            if rows is None:
+                raise ValueError("a block of the corpus does not know its row count: it cannot be cut into shards")
+            spans.append((entry.ref, *((piece.start_offset, piece.end_offset) if piece else (0, rows))))
+    return spans
 
 
 class ShardWriter:
@@ -526,6 +572,23 @@ class ShardWriter:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         return write_shard(self.encoder(batch), self.folder)
+
+
+class PiecesWriter(ShardWriter):
+    """A Ray Data actor: a shard of the rows its pieces name, ``(block, start, stop)`` of the corpus's blocks
+    (``blocks``: the driver's object references, each read whole onto the actor's node)."""
+
+    def __init__(self, blocks: list, **writer):
+        super().__init__(**writer)
+        self.blocks = blocks
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
+        import ray
+        from ray.data.block import BlockAccessor
+
+        parts = [BlockAccessor.for_block(BlockAccessor.for_block(ray.get(self.blocks[block])).slice(start, stop))
+                 .to_batch_format("numpy") for block, start, stop in json.loads(str(batch["pieces"][0]))]
+        return super().__call__({column: np.concatenate([part[column] for part in parts]) for column in parts[0]})
 
 
 def write_shard(batch: dict[str, np.ndarray], folder: str, name: str | None = None) -> dict[str, list]:

@@ -119,3 +119,31 @@ def test_each_actor_places_its_model_on_the_device_its_gpus_give(monkeypatch):
     lists = ranked.ListGenerator("tiny:qwen2-writer", "{sentence}", steps=1, lam=0.5, max_new_tokens=4, gpus=1)
     assert lists.model.device.type == "cpu"
     assert asked == [1, 1, 1]
+
+
+def test_a_shard_pool_gives_a_shard_to_each_actor_while_another_runs(ray_local, tmp_path):
+    """Two shards, two actors: the actor that takes the first shard runs it until another call has begun, so the
+    other actor must take the second. Ray Data's default lets the first actor up queue both shards (it then waits out
+    the deadline and the test fails); a corpus index's shard is minutes of encoding, so the other actor idled
+    through a whole build."""
+    import time
+
+    import ray
+
+    from encoders.devices import shard_pool
+
+    class WaitsForAnotherCall:
+        def __init__(self, folder: str):
+            self.folder = Path(folder)
+
+        def __call__(self, batch):
+            (self.folder / str(os.getpid())).touch()
+            deadline = time.monotonic() + 20
+            while len(list(self.folder.iterdir())) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return {"pid": np.full(len(batch["shard"]), os.getpid())}
+
+    shards = ray.data.from_items([{"shard": 0}, {"shard": 1}], override_num_blocks=2)
+    ran = shards.map_batches(WaitsForAnotherCall, batch_size=1, compute=shard_pool(2), num_cpus=0.5,
+                             fn_constructor_args=(str(tmp_path),)).take_all()
+    assert len({row["pid"] for row in ran}) == 2

@@ -270,13 +270,15 @@ def test_single_positive_queries_mine_what_sentence_transformers_mines(ray_local
     query with one positive; a query with two is held to the lowest. The positives, in the corpus, are scored from
     the index's stored embeddings, never encoded again, and score as sentence-transformers' encoded ones. Two actors
     of 1 CPU hold every CPU of the shared Ray, as a user's pools hold their node's: a task between phases that
-    needed a CPU would hang the job. About 40 s: each pool starts two actors that load the model."""
+    needed a CPU would hang the job; the corpus, under SHARD_ROWS rows in several blocks, is cut into two shards of
+    one size, one for each actor (it was one shard). About 40 s: each pool starts two actors that load the model."""
     from datasets import Dataset
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import mine_hard_negatives
 
     from encoders.backbone import build_encoder, export_encoder
     from encoders.sources import resolve_model_source
+    from evaluation.corpus_index import CorpusIndex
 
     _private_stores(monkeypatch, tmp_path)
     rng = np.random.default_rng(11)
@@ -310,6 +312,9 @@ def test_single_positive_queries_mine_what_sentence_transformers_mines(ray_local
         assert ours[row["query"]]["negative_scores"] == pytest.approx(row["scores"][1:], abs=1e-5)
         assert ours[row["query"]]["positive_scores"] == pytest.approx(row["scores"][:1], abs=1e-5)
     assert result["positives_encoded"] == 0
+    [index] = (tmp_path / "cache" / "corpus-embeddings").glob("*/meta.json")
+    sizes = CorpusIndex.at(str(index.parent)).shard_rows()  # two shards, one for each actor (was one shard)
+    assert len(sizes) == 2 and abs(sizes[0] - sizes[1]) <= 1 and sum(sizes) == result["corpus_rows"]
     assert {q for q, n in counts.items() if n == 1} & set(ours) == {row["query"] for row in single}
     assert any(len(ours[q]["positives"]) == 2 for q in ours)  # two positives: one group, the lowest one's margin
 

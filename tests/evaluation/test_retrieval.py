@@ -523,6 +523,26 @@ def test_a_cached_index_that_lost_a_file_is_built_again_and_killed_builds_go_aft
     assert remove_stale_builds(tmp_path) == [old.name] and fresh.exists() and not old.exists()
 
 
+@pytest.mark.parametrize("blocks, actors", [
+    ([(0, 29_990)], 2), ([(0, 150)] * 199 + [(0, 140)], 2), ([(0, 24_962)] * 3 + [(0, 24_964)], 2),
+    ([(0, 24_962)] * 3 + [(0, 24_964)], 1), ([(3, 10), (0, 0), (5, 9), (0, 40)], 4), ([(0, 5)], 4),
+    ([(0, 1_000)], 64), ([(0, 25_000)] * 40, 64), ([], 2)])
+def test_an_index_is_cut_into_rounds_of_even_shards_for_the_actors_whatever_its_blocks(blocks, actors):
+    """Shards of at most SHARD_ROWS rows, sizes within one row, a whole number of rounds of the pool's actors (fewer
+    only where there are fewer rows than actors), their pieces taking every row of every block once, in order, across
+    block ends: one block of 29,990 rows on 2 actors is 2 shards (one actor encoded it all), so are 200 blocks of 150
+    (were 200 shards)."""
+    from evaluation.corpus_index import SHARD_ROWS, shard_pieces
+
+    shards = shard_pieces(blocks, actors)
+    total = sum(end - start for start, end in blocks)
+    assert len(shards) == min(total, actors * -(-total // (SHARD_ROWS * actors)))
+    sizes = [sum(stop - start for _, start, stop in pieces) for pieces in shards]
+    assert max(sizes, default=0) <= SHARD_ROWS and max(sizes, default=0) - min(sizes, default=0) <= 1
+    rows = [(block, row) for pieces in shards for block, start, stop in pieces for row in range(start, stop)]
+    assert rows == [(block, row) for block, (start, end) in enumerate(blocks) for row in range(start, end)]
+
+
 def test_the_index_cache_keeps_under_its_limit_by_least_recent_use(tmp_path):
     """RAOE_INDEX_CACHE_MAX_GB: after a build, whole indexes go by least recent use until the cache fits; never the
     one just built, one used within the hour (another job may be searching it) or a build in progress."""
