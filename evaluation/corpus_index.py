@@ -503,8 +503,8 @@ def remove_stale_builds(root: Path, now: float | None = None) -> list[str]:
 
 def shard_pieces(blocks: list[tuple[int, int]], actors: int) -> list[list[tuple[int, int, int]]]:
     """Each shard's ``(block, start, stop)`` pieces, cut from the blocks' rows (``(start, end)`` of each) taken end to
-    end: as many shards as whole rounds of the pool's actors need to hold at most SHARD_ROWS rows each, of sizes
-    within one row (fewer only where there are fewer rows than actors), whatever the blocks' sizes."""
+    end: as many shards as whole rounds of the pool's actors need to hold at most SHARD_ROWS rows each (fewer only
+    where there are fewer rows than actors), of sizes within one row, whatever the blocks' sizes."""
     actors, total = max(1, actors), sum(end - start for start, end in blocks)
     parts = min(total, actors * math.ceil(total / (SHARD_ROWS * actors)))
     bounds = [round(k * total / parts) for k in range(parts + 1)] if parts else []

@@ -530,8 +530,8 @@ def test_a_cached_index_that_lost_a_file_is_built_again_and_killed_builds_go_aft
 def test_an_index_is_cut_into_rounds_of_even_shards_for_the_actors_whatever_its_blocks(blocks, actors):
     """Shards of at most SHARD_ROWS rows, sizes within one row, a whole number of rounds of the pool's actors (fewer
     only where there are fewer rows than actors), their pieces taking every row of every block once, in order, across
-    block ends: one block of 29,990 rows on 2 actors is 2 shards (one actor encoded it all), so are 200 blocks of 150
-    (were 200 shards)."""
+    block ends: one block of 29,990 rows on 2 actors is 2 shards (one actor encoded it all), so are 200 blocks of
+    150."""
     from evaluation.corpus_index import SHARD_ROWS, shard_pieces
 
     shards = shard_pieces(blocks, actors)
