@@ -624,7 +624,9 @@ def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool,
             _search_candidates, fn_kwargs={"actors": searcher.actors, "rows": index.rows,
                                            "range_max": settings.range_max, "method": method,
                                            "negatives_per_row": settings.negatives_per_row},
-            batch_size=queries_per_batch, num_cpus=0, concurrency=len(searcher.actors)).materialize()
+            batch_size=rows_per_call, num_cpus=0, concurrency=len(searcher.actors)).materialize()  # an encoder
+        # call's block whole: each search costs a round of actor calls (512-query batches were 1.5x the search), and
+        # the next phase keeps the blocks its actors share
         if sample:
             recall = searcher.recall(np.stack(sample), settings.range_max)
             print(f"[raoe] approximate search (faiss): recall@{settings.range_max} {recall:.4f} against exact search "
