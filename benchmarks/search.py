@@ -8,6 +8,8 @@ The index: ``--rows`` random unit vectors written as the encoder actors write th
 maps each shard and scores every query against it in one process with every core; the actors' time counts their
 start (process, imports, shards copied in) and the search, with 1 actor of 2 CPUs and 2 actors of 1 CPU each. Every
 run's rows are compared with the driver's; FAISS's with 32 and 128 probes are scored by recall@100 against them.
+``--previous FILE`` (an earlier run's JSON, e.g. the committed one, read before it is overwritten) puts that run's
+"search alone" beside each row of the same name: a kernel change measured before and after on this machine.
 Results: ``benchmarks/results/search.{json,md}``.
 """
 
@@ -72,7 +74,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--dim", type=int, default=384)
+    parser.add_argument("--previous", type=Path, default=None, help="an earlier run's search.json to compare with")
     args = parser.parse_args()
+    previous = json.loads(args.previous.read_text()) if args.previous else None
 
     import numpy as np
     import ray
@@ -107,12 +111,16 @@ def main() -> None:
                          "recall_at_100": float(sum(found) / len(found))})
             print(runs[-1], flush=True)
         ray.shutdown()
-    path = write_results("search", {"machine": machine(), "args": vars(args), "runs": runs}, report(args, runs))
+    payload = {"machine": machine(), "args": {**vars(args), "previous": str(args.previous or "")}, "runs": runs}
+    if previous:
+        payload["previous_runs"] = previous["runs"]
+    path = write_results("search", payload, report(args, runs, previous))
     print(path.read_text())
 
 
-def report(args, runs: list[dict]) -> str:
+def report(args, runs: list[dict], previous: dict | None = None) -> str:
     base = runs[0]["seconds"]
+    earlier = {run["search"]: run["seconds"] - run["ready_s"] for run in (previous or {}).get("runs", [])}
     exact = next(r for r in runs if r["search"].startswith("2 actor(s)") and r["search"].endswith("exact"))
     fast = next(r for r in runs if "faiss, 32" in r["search"])
     alone = lambda run: run["seconds"] - run["ready_s"]  # noqa: E731
@@ -125,14 +133,15 @@ def report(args, runs: list[dict]) -> str:
         "`ready`) and the search; the driver maps the shards and searches in one process with every core.",
         "",
         "| search | seconds | of which ready | search alone | per 1,000 queries | vs driver | queries whose top-100 equal "
-        "the driver's | recall@100 |",
-        "|---|---|---|---|---|---|---|---|",
+        "the driver's | recall@100 |" + (" search alone, earlier run |" if earlier else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|" if earlier else ""),
     ]
     for run in runs:
         per_k = run["seconds"] / args.queries * 1000
         lines.append(f"| {run['search']} | {run['seconds']:.1f} | {run['ready_s']:.1f} | "
                      f"{run['seconds'] - run['ready_s']:.1f} | {per_k:.1f} s | "
-                     f"{base / run['seconds']:.2f}x | {run['same_rows']:.1%} | {run['recall_at_100']:.3f} |")
+                     f"{base / run['seconds']:.2f}x | {run['same_rows']:.1%} | {run['recall_at_100']:.3f} |"
+                     + (f" {earlier[run['search']]:.1f} |" if run["search"] in earlier else " |" if earlier else ""))
     lines += ["", "Both search with the same kernel (evaluation.search.RunningTopK). Before this change its top-k of each "
               "shard applied the lower-row-first tie rule to every query (a cumulative sum over the whole score "
               "block: 0.21 s of a 0.31 s shard step here); it now applies it only to the queries whose k-th place is "
@@ -146,6 +155,14 @@ def report(args, runs: list[dict]) -> str:
               f"actors ({alone(fast):.1f} s against {alone(exact):.1f} s per {args.queries:,} queries at 32 probes), "
               f"and its build ({fast['ready_s']:.0f} s) is paid once per actor: it pays where many queries search one "
               "index (mining a large corpus), at the recall it reports.", ""]
+    if earlier:
+        pairs = [(run["search"], earlier[run["search"]], alone(run)) for run in runs
+                 if run["search"] in earlier and "faiss" not in run["search"]]
+        lines += [f"Against the earlier run ({args.previous}), exact search alone: "
+                  + "; ".join(f"{name} {was:.1f} -> {now:.1f} s ({was / now:.2f}x)" for name, was, now in pairs)
+                  + ". Its kernel found the queries whose k-th place is shared by more rows than fit by counting each "
+                  "query's scores at or above its k-th (a pass over the whole score block); this one takes one more "
+                  "place of the same top-k and compares the last two.", ""]
     return "\n".join(lines)
 
 

@@ -2,7 +2,7 @@
 
   python benchmarks/startup.py [--quick] [--tree PATH --label before] [--repeats 2]
 
-Two jobs, each submitted --repeats + 1 times to one head (`ray start --head`, loopback): the first submission is
+Each job is submitted --repeats + 1 times to one head (`ray start --head`, loopback): the first submission is
 "cold" (a new head: no cached working dir, no worker processes, Ray Data's actors not yet started), the others are
 "warm" (the best of them counts: this VM's speed drifts). Jobs:
 
@@ -10,7 +10,10 @@ Two jobs, each submitted --repeats + 1 times to one head (`ray start --head`, lo
   student  Stage 2 on STS-B train from the offline MiniLM student (configs/stage2/minilm-stsb-cpu.yaml), 256 pairs
 
 and each again with trainer.num_workers=0 ("in process": the job's own process trains, Ray Train's local mode, no
-worker group to start; --no-in-process leaves them out).
+worker group to start; --no-in-process leaves them out), and
+
+  empty    benchmarks/empty_train_job.py: the job's Ray session and Ray Train with raoe's trainer on one worker whose
+           loop only prints the timed lines (Ray Train's floor on this head: no model, corpus or loop)
 
 The time to the first step is cut at lines every version of raoe prints (so a checkout of an older commit, --tree,
 is measured the same way): the driver's "[raoe] <stage>: N pairs" line (job started, config checked, corpus read,
@@ -45,14 +48,16 @@ MILESTONES = (  # (name, pattern of the line that ends it), in the order they ap
 )
 
 
-def jobs(workdir: Path) -> dict[str, list[str]]:
+def jobs(workdir: Path, tree: Path) -> dict[str, list[str]]:
     tiny = ["python", "ray_jobs/stage1.py", "--config", "configs/tiny/stage1.yaml", "--set", "trainer.max_steps=2",
             "--set", f"eval.data_dir={workdir / 'none'}", "--set", "data.cache=false"]
     student = ["python", "ray_jobs/stage2.py", "--config", "configs/stage2/minilm-stsb-cpu.yaml",
                "--set", "model.init_from=pypi:all-minilm-l6-v2", "--set", f"data.train={STSB}",
                "--set", "data.max_rows=256", "--set", "trainer.max_steps=2", "--set", "trainer.global_batch_size=64",
                "--set", f"eval.data_dir={workdir / 'none'}", "--set", "data.cache=false"]
-    return {"tiny": tiny, "student": student, **in_process_jobs(tiny, student)}
+    empty = {"empty": ["python", "benchmarks/empty_train_job.py"]} if (tree / "benchmarks" / "empty_train_job.py"
+                                                                        ).exists() else {}  # not in older trees
+    return {"tiny": tiny, "student": student, **in_process_jobs(tiny, student), **empty}
 
 
 def in_process_jobs(tiny: list[str], student: list[str]) -> dict[str, list[str]]:
@@ -93,7 +98,7 @@ def measure(tree: Path, repeats: int, in_process: bool = True) -> dict:
     out = {}
     with tempfile.TemporaryDirectory() as tmp, LocalHead(head_env()) as head:
         workdir = Path(tmp)
-        for label, job in jobs(workdir).items():
+        for label, job in jobs(workdir, tree).items():
             if label.endswith("in process") and not in_process:
                 continue
             runs = []
@@ -107,7 +112,7 @@ def measure(tree: Path, repeats: int, in_process: bool = True) -> dict:
 
 
 def markdown(after: dict, before: dict | None, machine: dict) -> str:
-    goals = {"tiny": 15.0, "tiny in process": 15.0, "student": 20.0, "student in process": 20.0}
+    goals = {"tiny": 15.0, "tiny in process": 15.0, "student": 20.0, "student in process": 20.0, "empty": None}
     lines = ["# Job start-up: `ray job submit` to the first optimizer step", "",
              f"Machine: {machine}. A local head (`ray start --head`, 2 CPUs, loopback); cold = the head's first "
              "submission, warm = the best later one. Phases end at lines every version prints (see the script).", "",
@@ -121,10 +126,12 @@ def markdown(after: dict, before: dict | None, machine: dict) -> str:
             lines.append(f"| {label} | {name} | {data['cold']['to_first_step_s']:.1f} s | "
                          f"{data['warm']['to_first_step_s']:.1f} s | {p.get('driver', 0):.1f} | "
                          f"{p.get('worker_group', 0):.1f} | {p.get('worker_setup', 0):.1f} | "
-                         f"{p.get('first_step', 0):.1f} | <= {goal:g} s |")
+                         f"{p.get('first_step', 0):.1f} | {f'<= {goal:g} s' if goal else 'none: the floor'} |")
     lines += ["", "in process: the same job with `trainer.num_workers=0` (the job's own process trains, Ray Train's local "
               "mode: no controller or worker process to start); its 'worker group' phase ends at its 'training in this "
-              "process' line.", ""]
+              "process' line. empty: `benchmarks/empty_train_job.py`, Ray Train with raoe's trainer on one worker "
+              "whose loop only prints the timed lines: what a Ray Train job costs on this head before any of raoe's "
+              "work.", ""]
     for label in goals:
         breakdown = (after.get(label) or {}).get("warm", {}).get("job_breakdown_s")
         if breakdown:

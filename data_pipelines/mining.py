@@ -613,9 +613,9 @@ def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool,
         # are read by row (a corpus larger than that: each batch encodes the candidates its queries found)
         teacher_index = aligned_index(index, settings.teacher_path, pool=pool, batch_size=settings.batch_size)
         settings = dataclasses.replace(settings, teacher_index_path=teacher_index.location)
-    calls, rows_per_call = in_encoder_calls(groups, queries_per_batch, pool.actors)
-    encoded = calls.map_batches(QueryEncoder, fn_constructor_kwargs={"settings": settings}, batch_size=rows_per_call,
-                                compute=actors, **resources).materialize()
+    calls, _ = in_encoder_calls(groups, queries_per_batch, pool.actors)
+    encoded = calls.map_batches(QueryEncoder, fn_constructor_kwargs={"settings": settings}, batch_size=None,
+                                compute=actors, **resources).materialize()  # a block a call (in_encoder_calls)
     recall, sample = None, []
     if method.approximate and method.recall_queries:  # read before the search actors take the CPUs
         sample = [row["query_embedding"] for row in encoded.take(method.recall_queries)]
@@ -624,9 +624,9 @@ def mine(pairs, index: CorpusIndex, settings: MiningSettings, pool: EncoderPool,
             _search_candidates, fn_kwargs={"actors": searcher.actors, "rows": index.rows,
                                            "range_max": settings.range_max, "method": method,
                                            "negatives_per_row": settings.negatives_per_row},
-            batch_size=rows_per_call, num_cpus=0, concurrency=len(searcher.actors)).materialize()  # an encoder
-        # call's block whole: each search costs a round of actor calls (512-query batches were 1.5x the search), and
-        # the next phase keeps the blocks its actors share
+            batch_size=None, num_cpus=0, concurrency=len(searcher.actors)).materialize()  # an encoder call's
+        # block a search: each search is a round of actor calls (512-query batches made the search 1.5x longer), and
+        # the picking phase gets the same blocks
         if sample:
             recall = searcher.recall(np.stack(sample), settings.range_max)
             print(f"[raoe] approximate search (faiss): recall@{settings.range_max} {recall:.4f} against exact search "
@@ -651,10 +651,12 @@ def encoder_rows(queries: int, queries_per_batch: int, actors: int) -> int:
 
 
 def in_encoder_calls(groups, queries_per_batch: int, actors: int):
-    """(The grouped queries in blocks of one encoder call each, materialised, the call's rows): a group-by's output
-    is one block per partition (one of 100,000 queries here), and an actor pool hands out blocks: without the split
-    one actor encodes every query while the others wait. Split before the actors start: a split task waiting for a
-    CPU the actors hold would wait forever."""
+    """(The grouped queries in blocks of one encoder call each, materialised, the most rows a block holds): a
+    group-by's output is one block per partition (one of 100,000 queries here), and an actor pool hands out blocks:
+    without the split one actor encodes every query while the others wait. Split before the actors start: a split
+    task waiting for a CPU the actors hold would wait forever. The split's blocks differ by a row at most, none over
+    the call's rows: map them with ``batch_size=None`` (a block a call); with the call's rows as the batch size, Ray
+    Data glues a shorter block to the next (100,000 queries: 13 calls of 8,000, not 25 of 4,000)."""
     queries = groups.count()
     rows = encoder_rows(queries, queries_per_batch, actors)
     return groups.repartition(max(1, -(-queries // rows))).materialize(), rows

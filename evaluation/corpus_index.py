@@ -369,7 +369,7 @@ def _write_aligned(index: CorpusIndex, model_path: str, folder: str, pool: Encod
     names = list(index.meta["shards"])
     written = ray.data.from_items([{"shard": i} for i in range(len(names))], override_num_blocks=len(names)
                                   ).map_batches(
-        AlignedShardWriter, batch_size=1, compute=shard_pool(pool.actors),
+        AlignedShardWriter, batch_size=1, compute=shard_pool(min(pool.actors, len(names))),  # an actor a shard at most
         fn_constructor_kwargs={"location": index.location, "model_path": model_path, "batch_size": batch_size,
                                "gpus": pool.gpus_per_actor, "folder": folder},
         **pool_resources(pool.cpus_per_actor, pool.gpus_per_actor)).take_all() if names else []

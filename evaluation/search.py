@@ -113,10 +113,8 @@ def _top_lowest_first(block: torch.Tensor, take: int) -> tuple[torch.Tensor, tor
     top-k finds those rows (counting each row's entries at or above its ``take``-th place cost a third of the matrix
     product's time), and only they pay for the tie rule (a pass over their columns)."""
     values, pos = torch.topk(block, min(take + 1, block.shape[1]), dim=1)
-    crowded = torch.zeros(0, dtype=torch.long, device=block.device)
-    if 0 < take < values.shape[1]:
-        crowded = (values[:, take] == values[:, take - 1]).nonzero()[:, 0]
-        values, pos = values[:, :take], pos[:, :take]
+    crowded = (values[:, take] == values[:, take - 1]).nonzero()[:, 0] if 0 < take < values.shape[1] else []
+    values, pos = values[:, :take], pos[:, :take]
     if len(crowded):
         pos[crowded] = _lowest_of_tied(block[crowded], values[crowded, -1:], take)
     pos = pos.sort(dim=1).values
@@ -124,7 +122,7 @@ def _top_lowest_first(block: torch.Tensor, take: int) -> tuple[torch.Tensor, tor
 
 
 def _lowest_of_tied(block: torch.Tensor, kth: torch.Tensor, take: int) -> torch.Tensor:
-    above = block > kth
+    above = (block > kth) | block.isnan()  # as torch.topk ranks them: NaN above every number
     tied = block == kth
     room = take - above.sum(dim=1, keepdim=True)  # the tied entries each row still takes, lowest column first
     keep = above | (tied & (tied.cumsum(dim=1) <= room))

@@ -79,9 +79,9 @@ class MiningConfig(Section):
                                 "negatives (the margin "
                                 "then applies to its scores); null = the mining model's scores")
     batch_size: int = Field(64, ge=1, description="texts per encoder call")
-    queries_per_batch: int = Field(256, ge=1, description="queries per batch of the search and the picking, and "
-                                   "the least an encoder actor takes at once (it takes up to 4096, sorted by "
-                                   "length, while every actor still gets several calls)")
+    queries_per_batch: int = Field(256, ge=1, description="queries per batch of the picking, and the least an "
+                                   "encoder actor takes at once (it takes up to 4096, sorted by length, while every "
+                                   "actor still gets several calls; the search takes an encoder call's queries)")
     search: SearchConfig = Field(default_factory=SearchConfig, description="how candidates are found in the corpus "
                                  "index: exact (default) or faiss (approximate; its recall is in the JSON line)")
 
