@@ -142,11 +142,11 @@ def report(args, runs: list[dict], previous: dict | None = None) -> str:
                      f"{run['seconds'] - run['ready_s']:.1f} | {per_k:.1f} s | "
                      f"{base / run['seconds']:.2f}x | {run['same_rows']:.1%} | {run['recall_at_100']:.3f} |"
                      + (f" {earlier[run['search']]:.1f} |" if run["search"] in earlier else " |" if earlier else ""))
-    lines += ["", "Both search with the same kernel (evaluation.search.RunningTopK). Before this change its top-k of each "
-              "shard applied the lower-row-first tie rule to every query (a cumulative sum over the whole score "
-              "block: 0.21 s of a 0.31 s shard step here); it now applies it only to the queries whose k-th place is "
-              "shared by more rows than fit (0.08 s), and the driver's search of this index went from 17.3 s to "
-              "about 12 s.",
+    lines += ["", "Both search with the same kernel (evaluation.search.RunningTopK). Before an earlier change its top-k "
+              "of each shard applied the lower-row-first tie rule to every query (a cumulative sum over the whole "
+              "score block: 0.21 s of a 0.31 s shard step then); that change applied it only to the queries whose "
+              "k-th place is shared by more rows than fit (0.08 s), and the driver's search of this index went from "
+              "17.3 s to about 12 s in that change's run.",
               "", "FAISS (`eval.search.method: faiss`): inverted lists per actor over its shards (sqrt of its rows: "
               "707 lists of about 707 rows each here), trained and filled at the actor's start (in `ready`). Random "
               "vectors have no cluster structure, the worst case for inverted lists: on real embeddings the same "
@@ -159,10 +159,12 @@ def report(args, runs: list[dict], previous: dict | None = None) -> str:
         pairs = [(run["search"], earlier[run["search"]], alone(run)) for run in runs
                  if run["search"] in earlier and "faiss" not in run["search"]]
         lines += [f"Against the earlier run ({args.previous}), exact search alone: "
-                  + "; ".join(f"{name} {was:.1f} -> {now:.1f} s ({was / now:.2f}x)" for name, was, now in pairs)
+                  + "; ".join(f"{name.replace(' (before)', '')} {was:.1f} -> {now:.1f} s ({was / now:.2f}x)"
+                            for name, was, now in pairs)
                   + ". Its kernel found the queries whose k-th place is shared by more rows than fit by counting each "
                   "query's scores at or above its k-th (a pass over the whole score block); this one takes one more "
-                  "place of the same top-k and compares the last two.", ""]
+                  "place of the same top-k and compares the last two. One run each: compare the FAISS rows, whose code "
+                  "did not change, for the drift between them.", ""]
     return "\n".join(lines)
 
 

@@ -110,7 +110,7 @@ def _top_lowest_first(block: torch.Tensor, take: int) -> tuple[torch.Tensor, tor
     """Each row's ``take`` largest entries and their columns, ascending by column; among entries equal to the
     ``take``-th largest the lowest columns (``torch.topk`` picks any of them). A row's ``take``-th place is shared by
     more entries than fit exactly when its ``take + 1``-th largest equals its ``take``-th: one more place of the same
-    top-k finds those rows (counting each row's entries at or above its ``take``-th place cost a third of the matrix
+    top-k finds those rows (counting each row's entries at or above its ``take``-th place cost nearly half the matrix
     product's time), and only they pay for the tie rule (a pass over their columns)."""
     values, pos = torch.topk(block, min(take + 1, block.shape[1]), dim=1)
     crowded = (values[:, take] == values[:, take - 1]).nonzero()[:, 0] if 0 < take < values.shape[1] else []
