@@ -154,6 +154,20 @@ def test_an_actor_keeps_the_shards_it_searches_within_its_budget(monkeypatch):
     assert ResidentShards("cpu").budget == 0.5 * 2**30
 
 
+def test_a_row_with_nan_scores_ranks_them_first_as_topk_does_and_keeps_the_tie_rule():
+    """A broken embedding scores NaN: torch.topk ranks NaN above every number, so the tie rule at the cut must count
+    NaN as above it (it raised on a row whose cut was shared, NaN in front: ``[nan, nan, 1, 1]`` with 3 to take)."""
+    import torch
+
+    from evaluation.search import _top_lowest_first
+
+    nan = float("nan")
+    block = torch.tensor([[nan, nan, 1.0, 1.0, 0.0], [1.0, nan, 1.0, 1.0, 2.0], [0.0, 1.0, 1.0, 1.0, 1.0]])
+    values, columns = _top_lowest_first(block, 3)
+    assert columns.tolist() == [[0, 1, 2], [0, 1, 4], [1, 2, 3]]  # NaN first, then the lowest of the tied
+    assert torch.equal(values.isnan(), block.gather(1, columns).isnan())
+
+
 @pytest.mark.parametrize("chunk_rows, k", [(7, 5), (64, 100), (1000, 3)])
 def test_chunked_search_equals_a_full_sort(chunk_rows, k):
     """Small integer vectors: every dot product is exact in float32 whatever the summation order of the CPU's
