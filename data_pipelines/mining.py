@@ -656,7 +656,7 @@ def in_encoder_calls(groups, queries_per_batch: int, actors: int):
     without the split one actor encodes every query while the others wait. Split before the actors start: a split
     task waiting for a CPU the actors hold would wait forever. The split's blocks differ by a row at most, none over
     the call's rows: map them with ``batch_size=None`` (a block a call); with the call's rows as the batch size, Ray
-    Data glues a shorter block to the next (100,000 queries: 13 calls of 8,000, not 25 of 4,000)."""
+    Data glues a shorter block to the next (100,000 queries: 12 calls of about 8,000 and one of 4,000, not 25)."""
     queries = groups.count()
     rows = encoder_rows(queries, queries_per_batch, actors)
     return groups.repartition(max(1, -(-queries // rows))).materialize(), rows
