@@ -176,7 +176,8 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_lo
     document prompts, Matryoshka at 32/16/8 dimensions, distilled from the mining scores) straight from that
     storage. The corpus index is kept on that storage too (RAOE_INDEX_CACHE): the driver checks it from a listing and
     copies none of it (here, under this test's RAOE_NODE_CACHE), and the mining tasks and actors open the index by
-    its URI (the parts they read, in the shared Ray's own node cache) and find the rows the reference finds."""
+    its URI (the parts they read, in the shared Ray's own node cache) and find the rows the reference finds.
+    About 35 s: the mine job's actor pools, then a Stage 1 training run on what it wrote."""
     from data_pipelines.readers import load_corpus
     from encoders.sources import resolve_model_source
     from storage.paths import storage_path
@@ -390,7 +391,8 @@ def test_a_beir_folder_mines_groups_for_its_judged_pairs_among_its_corpus(ray_lo
     """data.train a BEIR folder: every (query, judged document) pair of qrels/train (grade > 0) is mined among the
     folder's corpus, documents read "title text"; no group holds a document judged for its query as a negative.
     The search here is FAISS's (mining.search.method faiss; 30 rows make one list, scanned whole, so its recall
-    against exact search is 1). Qrels that judge a document the corpus lacks are refused with its id."""
+    against exact search is 1). Qrels that judge a document the corpus lacks are refused with its id.
+    About 30 s: the mine job's actor pools (the corpus, the queries, the FAISS search)."""
     from data_pipelines.mining import beir_pairs
     from tests.evaluation.test_retrieval import write_beir
 

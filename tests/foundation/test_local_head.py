@@ -78,7 +78,9 @@ def test_a_submitted_job_registers_a_model_that_outlives_the_cluster(tmp_path, m
     set. The job runs in Ray's scratch copy of the repository; its outputs, checkpoints and the registered model's
     artifacts must land outside it (RAOE_HOME), so the model still loads after the head is stopped. The job's output reaches
     the submitter (its JSON line) and so does its runtime env (the store it wrote is the one given there). Its
-    corpus is on object storage (the local S3 endpoint the head's nodes reach through the AWS variables)."""
+    corpus is on object storage (the local S3 endpoint the head's nodes reach through the AWS variables).
+    About 100 s on 2 cores beside another test: a head of its own starts, the job uploads the repository, imports
+    the stack in its own process and trains in a Ray Train worker group; the one test of a job run the user's way."""
     import json
     from pathlib import Path
 
