@@ -392,7 +392,7 @@ def test_a_beir_folder_mines_groups_for_its_judged_pairs_among_its_corpus(ray_lo
     folder's corpus, documents read "title text"; no group holds a document judged for its query as a negative.
     The search here is FAISS's (mining.search.method faiss; 30 rows make one list, scanned whole, so its recall
     against exact search is 1). Qrels that judge a document the corpus lacks are refused with its id.
-    About 30 s: the mine job's actor pools (the corpus, the queries, the FAISS search)."""
+    About 30 s: the mine job end to end, its actor pools each a process that imports the encoder stack."""
     from data_pipelines.mining import beir_pairs
     from tests.evaluation.test_retrieval import write_beir
 

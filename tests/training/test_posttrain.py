@@ -72,8 +72,8 @@ def test_posttraining_is_the_same_on_one_and_two_workers(train_env, alternating_
     teacher actors (posttrain.teacher_actors): the same targets, so the same losses. The ZeRO-3 run reads the
     one-worker run's matrices back from the corpus cache (data.cache) instead: the same losses again, and no second
     entry (the pool size is not part of its key).
-    About 35-40 s a strategy: a two-worker training run with its two teacher actors (the one-worker run is the
-    module's fixture, shared)."""
+    About 35-40 s a strategy: a two-worker training run (with two teacher actors, or the cache under ZeRO-3); the
+    one-worker run is the module's fixture, shared."""
     from training.run import run_training
 
     data, one = alternating_lists
