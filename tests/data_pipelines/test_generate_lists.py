@@ -128,7 +128,8 @@ def test_empty_reason_names_the_stops_and_the_token_limit(job):
 
 def test_a_run_that_writes_no_list_does_not_report_ok(job, tmp_path, monkeypatch, capsys):
     """The random tiny LM never ends a sentence: every list stops at x1, and the JSON line says "empty" and why.
-    About 30 s: the job end to end (its actor pool loads the language model) before it finds no list written."""
+    About 30 s: the job end to end (its actor pools load the seed encoder and the language model) before it
+    finds no list written."""
     from jobconfig import load_config
     from runtime.result import run_job
 

@@ -89,8 +89,8 @@ def test_generate_lists_job_accounts_for_every_seed(tmp_path, monkeypatch, s3):
     """The tiny config end to end: seeds are premises, lists are written (to object storage: the local S3
     endpoint), and the lam and lam = 0 lists are compared seed by seed even when the actor pool hands rows back in
     another order (here: reversed).
-    About 45 s: the job end to end, each of its two decodings (every seed, then the compared seeds at
-    lam = 0) starting an actor pool that loads the tiny language model."""
+    About 45 s: the job end to end, its actor pools loading the seed encoder and, for each of its two decodings
+    (every seed, then the compared seeds at lam = 0), the tiny language model."""
     import json
     import sys
     from pathlib import Path

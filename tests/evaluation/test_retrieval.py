@@ -386,8 +386,9 @@ def test_ray_suite_equals_sentence_transformers_evaluator(tmp_path, monkeypatch,
     sentence-transformers' evaluator on the same tiny model; then the evaluate job on the same task copied to object
     storage (the local S3 endpoint), its plot written there, gives the same numbers from the cached shards (the
     index is keyed by the corpus's content, not its place).
-    About 60 s: two evaluations, each starting its own encoder actor pools (processes that import the encoder stack
-    and load the model), and sentence-transformers' evaluator."""
+    About 60 s: two evaluations on actor pools (processes that import the encoder stack and load the model), the
+    first encoding the corpus and the queries, the second the queries alone, and sentence-transformers' evaluator
+    twice (whole and truncated)."""
     from encoders.backbone import build_encoder, export_encoder
     from encoders.devices import EncoderPool
     from encoders.sources import resolve_model_source

@@ -60,7 +60,8 @@ def test_a_training_job_with_every_path_on_object_storage_trains_across_both_nod
     """The same job with its corpus, cache, checkpoints and export on object storage (the local S3 endpoint) runs
     on the two nodes: each node has one CPU and each worker takes one, so the two workers run on different nodes,
     each mapping corpus blocks the other node's tasks validated, and the Ray Data tasks of both write the cache.
-    About 45 s: a two-worker training run whose every read and write goes through the S3 endpoint."""
+    About 45 s: a two-worker run across the two nodes, its corpus, cache, checkpoints and export on the S3
+    endpoint."""
     import math
 
     from storage.paths import storage_path
