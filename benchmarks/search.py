@@ -120,10 +120,10 @@ def main() -> None:
 
 def report(args, runs: list[dict], previous: dict | None = None) -> str:
     base = runs[0]["seconds"]
-    earlier = {run["search"]: run["seconds"] - run["ready_s"] for run in (previous or {}).get("runs", [])}
+    alone = lambda run: run["seconds"] - run["ready_s"]  # noqa: E731
+    earlier = {run["search"]: alone(run) for run in (previous or {}).get("runs", [])}
     exact = next(r for r in runs if r["search"].startswith("2 actor(s)") and r["search"].endswith("exact"))
     fast = next(r for r in runs if "faiss, 32" in r["search"])
-    alone = lambda run: run["seconds"] - run["ready_s"]  # noqa: E731
     lines = [
         "# Exact search of a cached corpus index: the driver against the search actors",
         "",
