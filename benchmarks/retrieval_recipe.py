@@ -13,10 +13,13 @@ hypotheses, STS-B dev sentence 1 retrieving sentence 2 among 1,467) and the STS 
 step time in process (MiniLM, this CPU): groups of 8 against pairs, Matryoshka against without.
 Results: ``benchmarks/results/retrieval_recipe.{json,md}`` (with --skip-jobs, ``retrieval_recipe_steps.{json,md}``).
 
-  python benchmarks/retrieval_recipe.py [--max-rows 0] [--skip-jobs] [--baselines-from results.json]
+  python benchmarks/retrieval_recipe.py [--max-rows 0] [--skip-jobs] [--baselines-from results.json] [--rotate]
 
 --baselines-from takes the student's and the teacher's rows from an earlier full run's JSON instead of evaluating
 them again (about 19 of the run's 47 minutes here): the evaluation code and data must be those of that run.
+--rotate rotates the student onto the principal axes of its embeddings of SNLI dev's sentences first
+(ray_jobs/embed.py, ray_jobs/rotate.py), evaluates it so, and trains from it; results in
+``retrieval_recipe_rotated.{json,md}``, without the step times.
 """
 
 from __future__ import annotations
@@ -54,16 +57,18 @@ def main() -> None:
                         "retrieval_recipe_steps.{json,md}, beside the last full run's)")
     parser.add_argument("--baselines-from", type=Path, help="an earlier run's retrieval_recipe.json: its student and "
                         "teacher rows are reused, not evaluated again")
+    parser.add_argument("--rotate", action="store_true", help="train from the student rotated onto its principal "
+                        "axes (fit on SNLI dev's sentences), evaluated before training too; no step times")
     args = parser.parse_args()
     earlier = _baselines(args.baselines_from) if args.baselines_from else None
-    jobs = {} if args.skip_jobs else run_jobs(args.max_rows, earlier["results"] if earlier else None)
+    jobs = {} if args.skip_jobs else run_jobs(args.max_rows, earlier["results"] if earlier else None, args.rotate)
     if earlier:
         jobs["baselines_from"] = {"file": str(args.baselines_from), "machine": earlier.get("machine")}
-    steps = step_times()
+    steps = {} if args.rotate else step_times()
     if args.skip_jobs:
         report_steps(steps)
         return
-    report(jobs, steps)
+    report(jobs, steps, "retrieval_recipe_rotated" if args.rotate else "retrieval_recipe")
 
 
 def _baselines(path: Path) -> dict:
@@ -84,7 +89,7 @@ def _baselines(path: Path) -> dict:
     return earlier
 
 
-def run_jobs(max_rows: int, baselines: dict | None = None) -> dict:
+def run_jobs(max_rows: int, baselines: dict | None = None, rotate: bool = False) -> dict:
     data = find_data_dir()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -113,7 +118,17 @@ def run_jobs(max_rows: int, baselines: dict | None = None) -> dict:
                            "--set", f"output_dir={tmp / 'mined'}", *cap])
             timed("score", ["ray_jobs/annotate.py", "--config", SCORE, "--set", f"data.train={tmp / 'mined' / 'data'}",
                             "--set", f"output_dir={tmp / 'scored'}"])
+            start = STUDENT
+            if rotate:  # the student's axes on SNLI dev's sentences (the training texts), then scored as it is
+                timed("embed", ["ray_jobs/embed.py", "--config", "configs/embed/default.yaml", "--set",
+                                f"data.train={data / 'snli'}", "--set", "data.split=dev", "--set", "embed.side=none",
+                                "--set", f"output_dir={tmp / 'embedded'}", "--set", "embed.batch_size=128"])
+                timed("rotate", ["ray_jobs/rotate.py", "--set", f"rotate.embeddings=[{tmp / 'embedded'}]",
+                                 "--set", f"output_dir={tmp / 'rotated'}"])
+                start = out["rotate"]["model_path"]
+                timed("rotated", evaluate + dims + ["--set", f"model.source={start}"])
             timed("train", ["ray_jobs/stage1.py", "--config", TRAIN, "--set", f"data.train={tmp / 'scored' / 'data'}",
+                            "--set", f"model.source={start}",
                             "--set", f"eval.data_dir={data / 'senteval'}", "--set", f"trainer.storage_path={tmp / 'runs'}",
                             "--set", f"output_dir={tmp / 'models'}"])
             timed("trained", evaluate + dims + ["--set", f"model.source={out['train']['model_uri']}"])
@@ -233,7 +248,7 @@ def _snli_groups(count: int) -> dict[str, list]:
     return out
 
 
-def report(jobs: dict, steps: dict) -> None:
+def report(jobs: dict, steps: dict, name: str = "retrieval_recipe") -> None:
     lines = ["# The retrieval recipe: query groups of 8, prompts, distillation from a teacher, Matryoshka", ""]
     payload = {"machine": machine(), "student": STUDENT, "teacher": TEACHER, **steps}
     if jobs:
@@ -259,11 +274,12 @@ def report(jobs: dict, steps: dict) -> None:
                   f"never trained on. {os.cpu_count()} CPUs, every job through `ray job submit` on a local head.", "",
                   "| model | dims | " + " | ".join(f"{t} nDCG@10 | {t} Recall@10" for t in tasks)
                   + " | STS avg (STS12, STS-B dev) |", "|---|---|" + "---|---|" * len(tasks) + "---|"]
-        for name, by_dim in (("student", table["student_dims"]), ("trained", table["trained_dims"]),
-                             ("teacher", {"768": table["teacher"]})):
+        rotated = {"student, rotated": table["rotated_dims"]} if "rotated_dims" in table else {}
+        for model, by_dim in {"student": table["student_dims"], **rotated, "trained": table["trained_dims"],
+                              "teacher": {"768": table["teacher"]}}.items():
             for dim, scores in by_dim.items():
                 cells = [f"{100 * scores[t]['ndcg@10']:.2f} | {100 * scores[t]['recall@10']:.2f}" for t in tasks]
-                lines.append(f"| {name} | {dim} | " + " | ".join(cells) + f" | {scores['sts_avg']:.2f} |")
+                lines.append(f"| {model} | {dim} | " + " | ".join(cells) + f" | {scores['sts_avg']:.2f} |")
         m = payload["mining"]
         lines += ["", f"SNLI-test nDCG@10: student {100 * student:.2f}, trained {100 * trained:.2f}, teacher "
                   f"{100 * teacher:.2f}: {100 * closed:.0f}% of the student-teacher gap closed.", "",
@@ -278,8 +294,16 @@ def report(jobs: dict, steps: dict) -> None:
             lines += ["", "The student's and the teacher's rows are an earlier full run's (--baselines-from "
                       f"{jobs['baselines_from']['file']}), with the same evaluation code and data; that run's machine: "
                       f"{jobs['baselines_from']['machine']}."]
-    lines += step_lines(steps)
-    print(write_results("retrieval_recipe", payload, "\n".join(lines) + "\n").read_text())
+        if rotated:
+            kept = jobs["rotate"]
+            lines += ["", "Rotated: before training, the student was rotated onto the principal axes of its own "
+                      f"embeddings of SNLI dev's {kept['rows']:,} distinct sentences (ray_jobs/embed.py, "
+                      "ray_jobs/rotate.py), and trained from there. The share of the variance its first 128 of 384 "
+                      f"dimensions hold: {100 * kept['variance_kept']['128']:.1f}% rotated, "
+                      f"{100 * kept['variance_kept_before']['128']:.1f}% before."]
+    if steps:
+        lines += step_lines(steps)
+    print(write_results(name, payload, "\n".join(lines) + "\n").read_text())
 
 
 def report_steps(steps: dict) -> None:
@@ -317,7 +341,7 @@ def _rows(jobs: dict) -> dict:
     reused = jobs.get("baselines")
     table = {k: reused[k] for k in ("teacher", "student", "student_dims")} if reused else \
         {"teacher": scored(jobs["teacher"])}
-    for name in ("trained",) if reused else ("student", "trained"):
+    for name in [n for n in ("student", "rotated", "trained") if n in jobs and not (reused and n == "student")]:
         table[name] = scored(jobs[name])
         table[f"{name}_dims"] = {"384": table[name], **{str(d): scored(jobs[name], d) for d in DIMS}}
     return table

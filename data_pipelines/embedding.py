@@ -235,3 +235,19 @@ def embed_shards(todo: list[PlannedShard], settings: EmbedSettings, folder: str,
                              fn_constructor_args=(settings, folder),
                              **pool_resources(pool.cpus_per_actor, pool.gpus_per_actor))
     return written.take_all()
+
+
+def finished_embeddings(folder: str) -> tuple[dict, list[dict]]:
+    """(spec, shards) of a finished embed output folder (its spec.json, its manifest's shards with their rows);
+    refused by name when the folder is not one."""
+    manifest = storage_path(join(folder, MANIFEST))
+    if not manifest.exists():
+        raise FileNotFoundError(f"{folder} holds no finished embeddings (no {MANIFEST}): run ray_jobs/embed.py into "
+                                f"it to the end first")
+    return json.loads(storage_path(join(folder, SPEC)).read_text()), json.loads(manifest.read_text())["shards"]
+
+
+def shard_vectors(folder: str, shard: str) -> np.ndarray:
+    """The float32 vectors of one shard of an embed output folder (its .npy), local or on object storage."""
+    with storage_path(join(folder, VECTORS, f"{shard}.npy")).open("rb") as f:
+        return np.load(io.BytesIO(f.read()))

@@ -145,7 +145,8 @@ def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 6
                   lora: dict[str, Any] | None = None, padding_side: str | None = None,
                   gradient_checkpointing: bool = False, trust_remote_code: bool = False):
     """A SentenceTransformer [Transformer, Pooling] over the backbone at ``model_path`` (an HF folder, an exported
-    raoe/sentence-transformers folder whose weights sit at its root, or a saved LoRA adapter folder).
+    raoe/sentence-transformers folder whose weights sit at its root, or a saved LoRA adapter folder), followed by
+    the folder's Dense modules after pooling if it has any (a rotation from ray_jobs/rotate.py, a projection head).
 
     QLoRA: ``quantization`` loads the base frozen in 4-bit NF4 (or 8-bit), ``lora`` adds trainable adapters; only
     the adapters have gradients, and saving the model saves only them. Code shipped with a hub model runs only with
@@ -205,8 +206,13 @@ def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 6
             param.requires_grad_(False)  # parameter would stall DDP's gradient all-reduce
     dim = auto_model.config.hidden_size
     pool = Pooling(dim, pooling_mode=POOLING_MODES[pooling])
+    heads = dense_heads(model_path)
+    if heads and (quant is not None or lora or adapter):
+        raise ValueError(f"{model_path} has a Dense module after pooling (a rotation or projection head): LoRA and "
+                         f"quantised training keep the base frozen and save adapters alone, which would drop it; "
+                         f"train it in full (model.lora: null, model.quantization: none)")
     named = {**({DEFAULT_PROMPT_NAME: prefix} if prefix else {}), **(prompts or {})}
-    model = SentenceTransformer(modules=[transformer, pool], device=device if quant is None else None,
+    model = SentenceTransformer(modules=[transformer, pool, *heads], device=device if quant is None else None,
                                 prompts=named or None, default_prompt_name=DEFAULT_PROMPT_NAME if prefix else None)
     model.encoder_settings = EncoderSettings(prompt=prompt, prompts=dict(prompts or {}),
                                              quantization=quantization if quant is not None else "none",
@@ -327,6 +333,23 @@ def text_ids(texts: list[str]) -> torch.Tensor:
     count a duplicate of the positive as a negative)."""
     ids = [int.from_bytes(hashlib.blake2b(t.encode("utf-8"), digest_size=8).digest(), "little") >> 1 for t in texts]
     return torch.tensor(ids, dtype=torch.long)
+
+
+def dense_heads(model_path: str) -> list[torch.nn.Module]:
+    """The Dense modules after pooling of a sentence-transformers folder (a principal-axes rotation, a projection
+    head), loaded with their weights, so training computes what the model computes; none for a bare backbone."""
+    from sentence_transformers.sentence_transformer.modules import Dense
+
+    listed = Path(model_path) / "modules.json"
+    if not listed.is_file():
+        return []
+    heads, pooled = [], False
+    for entry in json.loads(listed.read_text()):
+        kind = entry.get("type", "").rsplit(".", 1)[-1]
+        pooled = pooled or kind == "Pooling"
+        if pooled and kind == "Dense":
+            heads.append(Dense.load(str(Path(model_path) / entry["path"])))
+    return heads
 
 
 def export_encoder(model, path: str | Path, meta: dict[str, Any] | None = None) -> Path:

@@ -1,0 +1,151 @@
+"""Rotate a model onto the principal axes of its own embeddings, so its first dimensions hold the most variance: cut
+short (a Matryoshka size, eval.dims, serving's dimensions) it loses the least, and no cosine between whole
+embeddings changes. The axes are fit on the vectors of one or more finished ray_jobs/embed.py runs of the model
+(e.g. a query-side and a document-side run over a sample of the training data); the rotated model is the same
+sentence-transformers folder with a Dense module after pooling, written to output_dir/model, to train from
+(model.source, e.g. with objective.matryoshka) or to evaluate as it is.
+
+  python ray_jobs/embed.py --set data.train=corpus.txt --set embed.side=none --set output_dir=outputs/emb
+  python ray_jobs/rotate.py --set "rotate.embeddings=[outputs/emb]" --set output_dir=outputs/rotated
+  python ray_jobs/rotate.py --config configs/tiny/rotate.yaml
+"""
+
+from pydantic import Field
+
+import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
+from jobconfig import parse_job_args
+from jobconfig.schema import RELATIVE, OutputPath, Section, TrackingConfig
+from runtime.result import run_job
+
+REPORTED_DIMS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)  # the variance kept is reported at these cuts
+
+
+class RotateSection(Section):
+    embeddings: list[str] = Field(min_length=1, description="finished ray_jobs/embed.py output folders of one model "
+                                  "(local or object storage); the model is the one their spec.json names")
+    max_rows: int = Field(1_000_000, ge=1, description="embeddings read at most: whole shards in a seeded order "
+                          "until this many (the fit needs at least the embedding's width)")
+    seed: int = Field(0, ge=0, description="order in which shards are read when max_rows stops short of them all")
+
+
+class RotateJobConfig(Section):
+    rotate: RotateSection
+    output_dir: OutputPath = Field("outputs/rotated", validate_default=True,
+                                   description="where the rotated model (model/) and its variance plot "
+                                   "(variance.png) go; " + RELATIVE)
+    tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig(experiment="raoe-rotate"))
+
+
+def main(cfg: RotateJobConfig) -> dict:
+    import time
+
+    import mlflow
+
+    from encoders.backbone import adapter_base, export_encoder, load_encoder
+    from encoders.model_uris import resolve_model
+    from encoders.rotation import orthogonality_error, with_rotation
+    from runtime.tracking_store import ensure_experiment, tracking_uri
+    from storage.paths import join, staged_folder
+
+    started = time.time()
+    source, fingerprint, shards = _embedded_shards(cfg.rotate.embeddings)
+    model_path = resolve_model(source)
+    _same_model(source, model_path, fingerprint)
+    experiment_id = ensure_experiment(cfg.tracking.experiment)
+    print(f"[raoe] rotate: fitting the principal axes of {source} on at most {cfg.rotate.max_rows:,} embeddings of "
+          f"{len(shards)} shard(s) ...", flush=True)
+    axes = _fit(shards, cfg.rotate.max_rows, cfg.rotate.seed)
+    weight, variances = axes.rotation()
+    dims = [d for d in REPORTED_DIMS if d < axes.dim] + [axes.dim]
+    kept, kept_before = axes.variance_kept(dims, weight), axes.variance_kept(dims)
+
+    model = load_encoder(model_path)
+    if model.encoder_settings.quantization != "none" or adapter_base(model_path):
+        raise ValueError(f"{source} is a LoRA adapter or a quantised model: rotate its merged export "
+                         f"(ray_jobs/export.py with export.formats=[merged])")
+    with_rotation(model, weight)
+    out = cfg.output_dir.rstrip("/")
+    with staged_folder(out) as staged:  # the plot is drawn on local disk and logged from there
+        export_encoder(model, staged.local / "model", {"rotation": {"fit_on": cfg.rotate.embeddings,
+                                                                    "rows": axes.count, "source": source}})
+        plot = _plot_variance(kept_before, kept, staged.local / "variance.png")
+        staged.publish()
+        result = {"model_path": join(out, "model"), "source": source, "rows": axes.count, "dim": axes.dim,
+                  "variance_kept": kept, "variance_kept_before": kept_before,
+                  "orthogonality_error": orthogonality_error(weight), "seconds": time.time() - started,
+                  "plot": staged.final(plot)}
+        with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
+            mlflow.log_params({"source": source, "rotate.embeddings": ",".join(cfg.rotate.embeddings),
+                               "rotate.max_rows": cfg.rotate.max_rows, "output_dir": out})
+            mlflow.log_metrics({"rows": axes.count, "orthogonality_error": result["orthogonality_error"],
+                                **{f"variance_kept_at_{d}": v for d, v in kept.items()},
+                                **{f"variance_kept_before_at_{d}": v for d, v in kept_before.items()}})
+            mlflow.log_artifact(str(plot))
+    print(f"[raoe] rotate: {axes.count:,} embeddings; the first {dims[0]} of {axes.dim} dimensions hold "
+          f"{kept[dims[0]]:.1%} of the variance (before: {kept_before[dims[0]]:.1%})", flush=True)
+    return {**result, "run_id": run.info.run_id, "tracking_uri": tracking_uri()}
+
+
+def _embedded_shards(folders: list[str]) -> tuple[str, str, list[tuple[str, str, int]]]:
+    """(model source, its fingerprint, every (folder, shard, rows)) of the embed output folders; folders holding
+    another model's vectors are refused by name."""
+    from data_pipelines.embedding import finished_embeddings
+
+    models, shards = {}, []
+    for folder in folders:
+        spec, listed = finished_embeddings(folder.rstrip("/"))
+        models[folder] = (spec["model"], spec["model_fingerprint"])
+        shards += [(folder.rstrip("/"), s["shard"], int(s["rows"])) for s in listed if int(s["rows"])]
+    if len(set(models.values())) > 1:
+        raise ValueError("rotate.embeddings hold the vectors of different models: "
+                         + "; ".join(f"{f}: {m}" for f, (m, _) in models.items()))
+    source, fingerprint = next(iter(models.values()))
+    return source, fingerprint, shards
+
+
+def _same_model(source: str, model_path: str, fingerprint: str) -> None:
+    """Refuse embeddings made by another version of the model than the one ``source`` names now."""
+    from evaluation.corpus_index import model_fingerprint
+
+    if model_fingerprint(model_path) != fingerprint:
+        raise ValueError(f"the embeddings were made by another version of {source} than the one it names now: "
+                         f"embed the corpus again with this one")
+
+
+def _fit(shards: list[tuple[str, str, int]], max_rows: int, seed: int):
+    """The principal axes' sums over whole shards in a seeded order, the last one cut to ``max_rows``."""
+    import numpy as np
+
+    from data_pipelines.embedding import shard_vectors
+    from encoders.rotation import PrincipalAxes
+
+    axes = None
+    for i in np.random.default_rng(seed).permutation(len(shards)):
+        folder, shard, _ = shards[i]
+        vectors = shard_vectors(folder, shard)
+        axes = axes or PrincipalAxes(vectors.shape[1])
+        axes.add(vectors[: max_rows - axes.count])
+        if axes.count >= max_rows:
+            break
+    if axes is None:
+        raise ValueError("rotate.embeddings hold no embeddings")
+    return axes
+
+
+def _plot_variance(before: dict[int, float], after: dict[int, float], path):
+    from evaluation.figures import pyplot, save_figure
+
+    fig, ax = pyplot().subplots(figsize=(6, 4))
+    dims = list(after)
+    ax.plot(dims, [before[d] for d in dims], marker="o", label="first dimensions as trained")
+    ax.plot(dims, [after[d] for d in dims], marker="o", label="rotated onto the principal axes")
+    ax.set(xscale="log", xlabel="dimensions kept", ylabel="share of the variance", ylim=(0, 1.02),
+           title="Variance a cut keeps")
+    ax.set_xticks(dims, [str(d) for d in dims])
+    ax.legend()
+    return save_figure(fig, path)
+
+
+if __name__ == "__main__":
+    config = parse_job_args(RotateJobConfig, __doc__)
+    run_job(lambda: main(config), "rotate")
