@@ -3,9 +3,10 @@ variance, so an embedding cut short (a Matryoshka size, ``eval.dims``, serving's
 
 The rotation is orthogonal, so no cosine or dot product between whole embeddings changes; only what a cut keeps does.
 The axes are those of the model's own unit-length embeddings of a corpus, the mean subtracted for the fit (not when
-applied). It is a sentence-transformers ``Dense`` module after pooling (no bias, no activation): every loader,
-export (ONNX carries it beside the graph) and serving stack computes it, and training starts from it
-(``build_encoder`` keeps a Dense head), so a Matryoshka objective refines the cut the rotation made. Measured on
+applied). It is a sentence-transformers ``Dense`` module (no bias, no activation), the model's last but for a
+Normalize: every loader, export (ONNX carries it beside the graph) and serving stack computes it, and training starts
+from it (``build_encoder`` keeps Dense modules after pooling), so a Matryoshka objective refines the cut the rotation
+made. Measured on
 MiniLM (docs/retrieval.md): SNLI-test nDCG@10 at 128 of 384 dimensions 62.82 rotated, 60.50 cut as it is.
 
     axes = PrincipalAxes(384)
@@ -75,19 +76,16 @@ def orthogonality_error(weight: np.ndarray) -> float:
 
 
 def with_rotation(model, weight: np.ndarray) -> None:
-    """Insert the rotation into ``model`` (a SentenceTransformer) as a Dense module right after its pooling, in
-    the dtype of the model's weights."""
-    from sentence_transformers.sentence_transformer.modules import Dense, Pooling
+    """Append the rotation to ``model`` (a SentenceTransformer) as a Dense module in the dtype of its weights: last,
+    or just before a final Normalize (a rotation keeps unit length, so either order computes the same), after any
+    Dense head the fit's embeddings already went through."""
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize
 
-    modules = list(model)
-    after = [i for i, m in enumerate(modules) if isinstance(m, Pooling)]
-    if not after:
-        raise ValueError("the model has no Pooling module to put a rotation after")
-    dim = int(modules[after[-1]].get_embedding_dimension())
+    dim = int(model.get_embedding_dimension())
     if weight.shape != (dim, dim):
         raise ValueError(f"a rotation of the model's {dim}-dimension embedding must be {dim} x {dim}, got "
                          f"{weight.shape}")
-    dtype = next(model.parameters()).dtype
     dense = Dense(dim, dim, bias=False, activation_function=torch.nn.Identity(),
                   init_weight=torch.tensor(weight, dtype=torch.float32))
-    model.insert(after[-1] + 1, dense.to(device=model.device, dtype=dtype))
+    place = len(model) - 1 if isinstance(model[len(model) - 1], Normalize) else len(model)
+    model.insert(place, dense.to(device=model.device, dtype=next(model.parameters()).dtype))

@@ -21,8 +21,9 @@ REPORTED_DIMS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)  # the variance
 
 
 class RotateSection(Section):
-    embeddings: list[str] = Field(min_length=1, description="finished ray_jobs/embed.py output folders of one model "
-                                  "(local or object storage); the model is the one their spec.json names")
+    embeddings: list[OutputPath] = Field(min_length=1, description="finished ray_jobs/embed.py output folders of one "
+                                         "model (local or object storage; the model is the one their spec.json "
+                                         "names); as embed's output_dir, " + RELATIVE)
     max_rows: int = Field(1_000_000, ge=1, description="embeddings read at most: whole shards in a seeded order "
                           "until this many (the fit needs at least the embedding's width)")
     seed: int = Field(0, ge=0, description="order in which shards are read when max_rows stops short of them all")

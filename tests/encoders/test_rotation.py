@@ -52,16 +52,20 @@ def test_the_axes_are_the_principal_components_of_the_unit_embeddings_fit_in_pie
 
 
 def test_a_rotated_model_keeps_its_cosines_and_trains_with_its_rotation(tmp_path):
-    """The Dense module after pooling rotates each embedding (e @ W.T), whole-embedding cosines stay; the exported
-    folder built for training (build_encoder) computes the same and the rotation has a gradient; LoRA on it is
-    refused by name (its adapters would be saved without the rotation)."""
+    """On a model with a projection head (Dense 32 -> 16, tanh), the rotation goes after the head and rotates each
+    embedding (e @ W.T); whole-embedding cosines stay; the exported folder built for training (build_encoder) keeps
+    both Dense modules in order, computes the same, and the rotation has a gradient; LoRA on it is refused by name
+    (its adapters would be saved without the rotation)."""
     import torch
+    from sentence_transformers.sentence_transformer.modules import Dense
 
     from encoders.backbone import build_encoder, export_encoder, forward_pass, inference_embeddings, load_encoder
     from encoders.rotation import PrincipalAxes, with_rotation
     from encoders.sources import resolve_model_source
 
     model = build_encoder(resolve_model_source("tiny:bert"), max_length=32, prompts={"query": "query: "})
+    torch.manual_seed(0)
+    model.append(Dense(32, 16, activation_function=torch.nn.Tanh()))
     plain = inference_embeddings(model, TEXTS)
     axes = PrincipalAxes(plain.shape[1])
     axes.add(plain)
@@ -77,14 +81,15 @@ def test_a_rotated_model_keeps_its_cosines_and_trains_with_its_rotation(tmp_path
 
     folder = export_encoder(model, tmp_path / "rotated")
     trainable = build_encoder(str(folder), max_length=32, prompts={"query": "query: "})
-    assert [type(m).__name__ for m in trainable] == ["Transformer", "Pooling", "Dense"]
+    assert [type(m).__name__ for m in trainable] == ["Transformer", "Pooling", "Dense", "Dense"]
+    assert trainable[3].linear.weight.shape == (16, 16)  # the rotation, after the head
     np.testing.assert_allclose(inference_embeddings(trainable, TEXTS, side="query"),
                                inference_embeddings(model, TEXTS, side="query"), atol=1e-6)
     np.testing.assert_allclose(inference_embeddings(load_encoder(folder), TEXTS), rotated, atol=1e-6)
     trainable.train()
     forward_pass(trainable, trainable, TEXTS[:4]).pow(2).sum().backward()
-    assert trainable[2].linear.weight.grad is not None and trainable[2].linear.weight.grad.abs().sum() > 0
-    assert trainable[2].linear.weight.dtype == torch.float32
+    assert trainable[3].linear.weight.grad is not None and trainable[3].linear.weight.grad.abs().sum() > 0
+    assert trainable[3].linear.weight.dtype == torch.float32
     with pytest.raises(ValueError, match="Dense module after pooling.*model.lora: null"):
         build_encoder(str(folder), lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"})
 
