@@ -259,6 +259,8 @@ def report(jobs: dict, steps: dict, name: str = "retrieval_recipe") -> None:
             "candidates_dropped_by_margin", "labelled_negatives_written")}, "training": jobs["train"]["metrics"],
             "job_seconds": jobs["seconds"]} | ({"baselines_from": jobs["baselines_from"]} if jobs.get("baselines_from")
                                           else {})
+        if "rotate" in jobs:
+            payload["rotation"] = {k: jobs["rotate"][k] for k in ("rows", "variance_kept", "variance_kept_before")}
         snli = tasks[0]
         student, teacher = table["student"][snli]["ndcg@10"], table["teacher"][snli]["ndcg@10"]
         trained = table["trained"][snli]["ndcg@10"]

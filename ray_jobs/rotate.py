@@ -82,8 +82,9 @@ def main(cfg: RotateJobConfig) -> dict:
                                 **{f"variance_kept_at_{d}": v for d, v in kept.items()},
                                 **{f"variance_kept_before_at_{d}": v for d, v in kept_before.items()}})
             mlflow.log_artifact(str(plot))
-    print(f"[raoe] rotate: {axes.count:,} embeddings; the first {dims[0]} of {axes.dim} dimensions hold "
-          f"{kept[dims[0]]:.1%} of the variance (before: {kept_before[dims[0]]:.1%})", flush=True)
+    print(f"[raoe] rotate: {axes.count:,} embeddings; the share of the variance the first d of {axes.dim} dimensions "
+          "hold, rotated (before): " + ", ".join(f"{d}: {kept[d]:.1%} ({kept_before[d]:.1%})" for d in dims[:-1]),
+          flush=True)
     return {**result, "run_id": run.info.run_id, "tracking_uri": tracking_uri()}
 
 
@@ -140,8 +141,9 @@ def _plot_variance(before: dict[int, float], after: dict[int, float], path):
     dims = list(after)
     ax.plot(dims, [before[d] for d in dims], marker="o", label="first dimensions as trained")
     ax.plot(dims, [after[d] for d in dims], marker="o", label="rotated onto the principal axes")
-    ax.set(xscale="log", xlabel="dimensions kept", ylabel="share of the variance", ylim=(0, 1.02),
-           title="Variance a cut keeps")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="dimensions kept", ylabel="share of the variance", ylim=(0, 1.02), title="Variance a cut keeps")
+    ax.minorticks_off()
     ax.set_xticks(dims, [str(d) for d in dims])
     ax.legend()
     return save_figure(fig, path)
