@@ -16,7 +16,14 @@ from typing import Any
 
 import torch
 
-from encoders.model_files import DEFAULT_PROMPT_NAME, MODEL_CARD, RAOE_META, SIDES  # noqa: F401  (MODEL_CARD re-exported)
+from encoders.model_files import (  # noqa: F401  (MODEL_CARD re-exported)
+    DEFAULT_PROMPT_NAME,
+    MODEL_CARD,
+    RAOE_META,
+    SIDES,
+    dense_head_folders,
+    refuse_adapters_on_heads,
+)
 from encoders.relation_table import save_relation_table
 
 # raoe's settings on every model it builds or loads (``model.encoder_settings``): what training ran, for inference
@@ -162,6 +169,7 @@ def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 6
         raise ValueError(f"model.pooling must be one of {sorted(POOLING_MODES)}, got {pooling!r}")
     prefix = prompt_prefix(prompt)
     adapter = adapter_base(model_path)
+    refuse_adapters_on_heads(model_path, bool(lora or adapter), quantization)
     base = adapter or model_path
     remote = {"trust_remote_code": True} if trust_remote_code else {}
     model_kwargs = dict(remote)
@@ -207,10 +215,6 @@ def build_encoder(model_path: str, *, pooling: str = "mean", max_length: int = 6
     dim = auto_model.config.hidden_size
     pool = Pooling(dim, pooling_mode=POOLING_MODES[pooling])
     heads = dense_heads(model_path)
-    if heads and (quant is not None or lora or adapter):
-        raise ValueError(f"{model_path} has a Dense module after pooling (a rotation or projection head): LoRA and "
-                         f"quantised training keep the base frozen and save adapters alone, which would drop it; "
-                         f"train it in full (model.lora: null, model.quantization: none)")
     named = {**({DEFAULT_PROMPT_NAME: prefix} if prefix else {}), **(prompts or {})}
     model = SentenceTransformer(modules=[transformer, pool, *heads], device=device if quant is None else None,
                                 prompts=named or None, default_prompt_name=DEFAULT_PROMPT_NAME if prefix else None)
@@ -340,16 +344,7 @@ def dense_heads(model_path: str) -> list[torch.nn.Module]:
     head), loaded with their weights, so training computes what the model computes; none for a bare backbone."""
     from sentence_transformers.sentence_transformer.modules import Dense
 
-    listed = Path(model_path) / "modules.json"
-    if not listed.is_file():
-        return []
-    heads, pooled = [], False
-    for entry in json.loads(listed.read_text()):
-        kind = entry.get("type", "").rsplit(".", 1)[-1]
-        pooled = pooled or kind == "Pooling"
-        if pooled and kind == "Dense":
-            heads.append(Dense.load(str(Path(model_path) / entry["path"])))
-    return heads
+    return [Dense.load(str(folder)) for folder in dense_head_folders(model_path)]
 
 
 def export_encoder(model, path: str | Path, meta: dict[str, Any] | None = None) -> Path:

@@ -43,9 +43,9 @@ class PrincipalAxes:
         self.outer += rows.T @ rows
 
     def covariance(self) -> np.ndarray:
-        if self.count < self.dim:
-            raise ValueError(f"a rotation of {self.dim} dimensions needs at least {self.dim} embeddings, got "
-                             f"{self.count}: its later axes would be arbitrary")
+        if self.count <= self.dim:
+            raise ValueError(f"a rotation of {self.dim} dimensions needs more than {self.dim} embeddings, got "
+                             f"{self.count}: its last axes would be arbitrary")
         mean = self.total / self.count
         return self.outer / self.count - np.outer(mean, mean)
 

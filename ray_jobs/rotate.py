@@ -39,10 +39,11 @@ class RotateJobConfig(Section):
 
 def main(cfg: RotateJobConfig) -> dict:
     import time
+    from dataclasses import replace
 
     import mlflow
 
-    from encoders.backbone import adapter_base, export_encoder, load_encoder
+    from encoders.backbone import export_encoder, load_encoder
     from encoders.model_uris import resolve_model
     from encoders.rotation import orthogonality_error, with_rotation
     from runtime.tracking_store import ensure_experiment, tracking_uri
@@ -52,6 +53,7 @@ def main(cfg: RotateJobConfig) -> dict:
     source, fingerprint, shards = _embedded_shards(cfg.rotate.embeddings)
     model_path = resolve_model(source)
     _same_model(source, model_path, fingerprint)
+    _rotatable(source, model_path)
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     print(f"[raoe] rotate: fitting the principal axes of {source} on at most {cfg.rotate.max_rows:,} embeddings of "
           f"{len(shards)} shard(s) ...", flush=True)
@@ -61,10 +63,9 @@ def main(cfg: RotateJobConfig) -> dict:
     kept, kept_before = axes.variance_kept(dims, weight), axes.variance_kept(dims)
 
     model = load_encoder(model_path)
-    if model.encoder_settings.quantization != "none" or adapter_base(model_path):
-        raise ValueError(f"{source} is a LoRA adapter or a quantised model: rotate its merged export "
-                         f"(ray_jobs/export.py with export.formats=[merged])")
     with_rotation(model, weight)
+    # the sizes a Matryoshka objective trained were cuts of the unrotated embedding: no longer what a cut keeps
+    model.encoder_settings = replace(model.encoder_settings, matryoshka_dims=())
     out = cfg.output_dir.rstrip("/")
     with staged_folder(out) as staged:  # the plot is drawn on local disk and logged from there
         export_encoder(model, staged.local / "model", {"rotation": {"fit_on": cfg.rotate.embeddings,
@@ -77,7 +78,8 @@ def main(cfg: RotateJobConfig) -> dict:
                   "plot": staged.final(plot)}
         with mlflow.start_run(experiment_id=experiment_id, run_name=cfg.tracking.run_name) as run:
             mlflow.log_params({"source": source, "rotate.embeddings": ",".join(cfg.rotate.embeddings),
-                               "rotate.max_rows": cfg.rotate.max_rows, "output_dir": out})
+                               "rotate.max_rows": cfg.rotate.max_rows, "rotate.seed": cfg.rotate.seed,
+                               "output_dir": out})
             mlflow.log_metrics({"rows": axes.count, "orthogonality_error": result["orthogonality_error"],
                                 **{f"variance_kept_at_{d}": v for d, v in kept.items()},
                                 **{f"variance_kept_before_at_{d}": v for d, v in kept_before.items()}})
@@ -114,6 +116,24 @@ def _same_model(source: str, model_path: str, fingerprint: str) -> None:
                          f"embed the corpus again with this one")
 
 
+def _rotatable(source: str, model_path: str) -> None:
+    """Refuse, before loading it, a model whose rotation this job would get wrong: a LoRA adapter or a quantised
+    base (its merged export can be rotated), an RSE model (its relation vectors would stay in the old basis)."""
+    import json
+    from pathlib import Path
+
+    from encoders.model_files import RAOE_META, RELATIONS_JSON
+
+    meta = Path(model_path) / RAOE_META
+    quantized = meta.is_file() and json.loads(meta.read_text()).get("quantization", "none") != "none"
+    if quantized or (Path(model_path) / "adapter_config.json").is_file():
+        raise ValueError(f"{source} is a LoRA adapter or a quantised model: rotate its merged export "
+                         f"(ray_jobs/export.py with export.formats=[merged])")
+    if (Path(model_path) / RELATIONS_JSON).is_file():
+        raise ValueError(f"{source} is a relational (RSE) model: rotating it is not supported (its relation vectors "
+                         f"would stay in the old basis)")
+
+
 def _fit(shards: list[tuple[str, str, int]], max_rows: int, seed: int):
     """The principal axes' sums over whole shards in a seeded order, the last one cut to ``max_rows``."""
     import numpy as np
@@ -129,8 +149,10 @@ def _fit(shards: list[tuple[str, str, int]], max_rows: int, seed: int):
         axes.add(vectors[: max_rows - axes.count])
         if axes.count >= max_rows:
             break
-    if axes is None:
-        raise ValueError("rotate.embeddings hold no embeddings")
+    if axes is None or axes.count <= axes.dim:
+        held = f"{axes.count} embeddings" if axes else "no embeddings"
+        raise ValueError(f"rotate.embeddings hold {held} (rotate.max_rows={max_rows}): a rotation needs more "
+                         f"embeddings than the model has dimensions ({axes.dim if axes else '?'})")
     return axes
 
 

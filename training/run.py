@@ -17,6 +17,7 @@ from typing import Any
 from data_pipelines.hub import is_hub_source
 from data_pipelines.readers import DataReport, corpus_files, count_where, load_corpus
 from encoders.devices import gpus_wanted_here
+from encoders.model_files import refuse_adapters_on_heads
 from encoders.model_uris import resolve_model
 from encoders.sources import cache_root
 from evaluation.retrieval import read_dev_set
@@ -234,7 +235,8 @@ def preflight(cfg: TrainJobConfig) -> Preflight:
     if not cfg.data.train and kind.load is None and not sources:
         raise ValueError("data.train must name the training data (a file or folder), or data.sources several")
     start_model = cfg.model.init_from or cfg.model.source
-    resolve_model(start_model)  # fails here, before any Ray resource, if it cannot be found
+    # fails here, before any Ray resource, if it cannot be found or its head cannot train with adapters
+    refuse_adapters_on_heads(resolve_model(start_model), bool(cfg.model.lora), cfg.model.quantization)
     for source_cfg, source_kind in [(source_config(cfg, s), k) for s, k, _ in sources] or [(cfg, kind)]:
         if source_kind.load is None and not is_hub_source(source_cfg.data.train):  # a missing path or a format
             corpus_files(source_cfg.data.train, source_kind.corpus, source_cfg.data.format)  # that cannot read it

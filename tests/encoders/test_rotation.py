@@ -45,9 +45,9 @@ def test_the_axes_are_the_principal_components_of_the_unit_embeddings_fit_in_pie
     kept = axes.variance_kept([1, 3, 12], weight)
     np.testing.assert_allclose([kept[1], kept[3]], np.cumsum(reference.explained_variance_ratio_)[[0, 2]], rtol=1e-6)
     assert kept[12] == pytest.approx(1.0) and kept[3] > axes.variance_kept([3])[3] + 0.1
-    with pytest.raises(ValueError, match="needs at least 12 embeddings, got 5"):
+    with pytest.raises(ValueError, match="needs more than 12 embeddings, got 12"):
         few = PrincipalAxes(12)
-        few.add(data[:5])
+        few.add(data[:12])
         few.rotation()
 
 
@@ -90,18 +90,30 @@ def test_a_rotated_model_keeps_its_cosines_and_trains_with_its_rotation(tmp_path
     forward_pass(trainable, trainable, TEXTS[:4]).pow(2).sum().backward()
     assert trainable[3].linear.weight.grad is not None and trainable[3].linear.weight.grad.abs().sum() > 0
     assert trainable[3].linear.weight.dtype == torch.float32
-    with pytest.raises(ValueError, match="Dense module after pooling.*model.lora: null"):
+    with pytest.raises(ValueError, match="model.lora / model.quantization: .*Dense module after pooling"):
         build_encoder(str(folder), lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"})
 
+    from sentence_transformers.sentence_transformer.modules import Normalize
 
-def _embed_folder(place: str, model: Path, texts: list[str], shards: int) -> None:
-    """An embed job's output folder (spec, shards, manifest) of ``model``'s vectors of ``texts``, as embed.py writes."""
+    normalised = build_encoder(resolve_model_source("tiny:bert"), max_length=32)
+    normalised.append(Normalize())
+    before = inference_embeddings(normalised, TEXTS)
+    with_rotation(normalised, np.linalg.qr(np.random.default_rng(1).normal(size=(32, 32)))[0])
+    assert [type(m).__name__ for m in normalised] == ["Transformer", "Pooling", "Dense", "Normalize"]
+    after = inference_embeddings(normalised, TEXTS)
+    np.testing.assert_allclose(np.linalg.norm(after, axis=1), 1.0, atol=1e-5)  # still unit length, and
+    np.testing.assert_allclose(after @ after.T, before @ before.T, atol=1e-5)  # the same cosines
+
+
+def _embed_folder(place: str, model: Path, texts: list[str], shards: int, vectors_of: Path | None = None) -> None:
+    """An embed job's output folder (spec, shards, manifest) of ``model``'s vectors of ``texts``, as embed.py writes
+    (the vectors of ``vectors_of`` where given: a model this CPU cannot load)."""
     from data_pipelines.embedding import MANIFEST, SPEC, SPEC_VERSION, text_hashes, write_shard
     from encoders.backbone import inference_embeddings, load_encoder
     from evaluation.corpus_index import model_fingerprint
     from storage.paths import join, write_whole
 
-    vectors = inference_embeddings(load_encoder(model), texts)
+    vectors = inference_embeddings(load_encoder(vectors_of or model), texts)
     write_whole(join(place, SPEC), json.dumps({"version": SPEC_VERSION, "data": "texts", "model": str(model),
                                                "model_fingerprint": model_fingerprint(str(model)), "side": None,
                                                "normalize": False, "format": "txt"}))
@@ -116,8 +128,9 @@ def _embed_folder(place: str, model: Path, texts: list[str], shards: int) -> Non
 def test_the_rotate_job_fits_embed_folders_on_object_storage_and_refuses_another_models(tmp_path, monkeypatch, s3):
     """Two embed folders (one local, one on object storage) of one model: the rotated model written to object
     storage embeds every text as the source's vectors rotated onto the principal axes of both folders' rows; the
-    JSON line reports the variance a cut keeps before and after. A folder of another model, an unfinished one, or
-    fewer rows than dimensions are refused by name."""
+    JSON line reports the variance a cut keeps before and after. Refused, naming the folder, key or model: a folder
+    of another model, an unfinished one, too few rows for the width, a model changed since it was embedded, a
+    quantised model and an RSE model."""
     from encoders.backbone import build_encoder, export_encoder, inference_embeddings, load_encoder
     from encoders.rotation import PrincipalAxes
     from encoders.sources import resolve_model_source
@@ -157,6 +170,19 @@ def test_the_rotate_job_fits_embed_folders_on_object_storage_and_refuses_another
     with pytest.raises(FileNotFoundError, match="unfinished holds no finished embeddings"):
         job.main(job.RotateJobConfig(rotate={"embeddings": [str(tmp_path / "unfinished")]},
                                      output_dir=str(tmp_path / "out")))
-    with pytest.raises(ValueError, match="needs at least 32 embeddings, got 20"):
+    with pytest.raises(ValueError, match=r"hold 20 embeddings \(rotate.max_rows=20\).*dimensions \(32\)"):
         job.main(job.RotateJobConfig(rotate={"embeddings": [str(tmp_path / "emb-a")], "max_rows": 20},
                                      output_dir=str(tmp_path / "out")))
+    refusals = {"another version of": lambda m: (m / "raoe_encoder.json").write_text("{}"),
+                "a LoRA adapter or a quantised model": None, "a relational \\(RSE\\) model": None}
+    for n, (reason, after_embedding) in enumerate(refusals.items()):
+        changed = export_encoder(build_encoder(tiny, max_length=32), tmp_path / f"changed{n}",
+                                 {"quantization": "nf4"} if "quantised" in reason else None)
+        if "RSE" in reason:
+            (changed / "relations.json").write_text(json.dumps({"relations": ["entailment"], "dim": 32}))
+        _embed_folder(str(tmp_path / f"emb-changed{n}"), changed, TEXTS[:40], shards=1, vectors_of=model)
+        if after_embedding:
+            after_embedding(changed)
+        with pytest.raises(ValueError, match=reason):
+            job.main(job.RotateJobConfig(rotate={"embeddings": [str(tmp_path / f"emb-changed{n}")]},
+                                         output_dir=str(tmp_path / "out")))
