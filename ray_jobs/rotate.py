@@ -3,14 +3,15 @@ short (a Matryoshka size, eval.dims, serving's dimensions) it loses the least, a
 embeddings changes. The axes are fit on the vectors of one or more finished ray_jobs/embed.py runs of the model
 (e.g. a query-side and a document-side run over a sample of the training data); the rotated model is the same
 sentence-transformers folder with a Dense module after pooling, written to output_dir/model, to train from
-(model.source, e.g. with objective.matryoshka) or to evaluate as it is.
+(model.source, e.g. with objective.matryoshka), to evaluate (eval.dims), or to serve cut to the sizes rotate.dims
+records.
 
   python ray_jobs/embed.py --set data.train=corpus.txt --set embed.side=none --set output_dir=outputs/emb
   python ray_jobs/rotate.py --set "rotate.embeddings=[outputs/emb]" --set output_dir=outputs/rotated
   python ray_jobs/rotate.py --config configs/tiny/rotate.yaml
 """
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from jobconfig import parse_job_args
@@ -27,6 +28,17 @@ class RotateSection(Section):
     max_rows: int = Field(1_000_000, ge=1, description="embeddings read at most: whole shards in a seeded order "
                           "until this many (the fit needs at least the embedding's width)")
     seed: int = Field(0, ge=0, description="order in which shards are read when max_rows stops short of them all")
+    dims: list[int] = Field(default_factory=list, description="sizes the rotated model may be cut to, recorded as "
+                            "its Matryoshka sizes (serving's dimensions); none by default (a source model's "
+                            "Matryoshka sizes were cuts of its unrotated embedding); score them first with the "
+                            "evaluate job's eval.dims")
+
+    @field_validator("dims")
+    @classmethod
+    def _positive_and_distinct(cls, dims: list[int]) -> list[int]:
+        if any(d < 1 for d in dims) or len(set(dims)) != len(dims):
+            raise ValueError(f"rotate.dims must be distinct positive sizes, got {dims}")
+        return sorted(dims, reverse=True)
 
 
 class RotateJobConfig(Section):
@@ -58,14 +70,17 @@ def main(cfg: RotateJobConfig) -> dict:
     print(f"[raoe] rotate: fitting the principal axes of {source} on at most {cfg.rotate.max_rows:,} embeddings of "
           f"{len(shards)} shard(s) ...", flush=True)
     axes = _fit(shards, cfg.rotate.max_rows, cfg.rotate.seed)
+    too_wide = [d for d in cfg.rotate.dims if d > axes.dim]
+    if too_wide:
+        raise ValueError(f"rotate.dims {too_wide}: the model's embedding has {axes.dim} dimensions")
     weight, variances = axes.rotation()
     dims = [d for d in REPORTED_DIMS if d < axes.dim] + [axes.dim]
     kept, kept_before = axes.variance_kept(dims, weight), axes.variance_kept(dims)
 
     model = load_encoder(model_path)
     with_rotation(model, weight)
-    # the sizes a Matryoshka objective trained were cuts of the unrotated embedding: no longer what a cut keeps
-    model.encoder_settings = replace(model.encoder_settings, matryoshka_dims=())
+    # a source's Matryoshka sizes were cuts of its unrotated embedding: only the sizes asked for are recorded
+    model.encoder_settings = replace(model.encoder_settings, matryoshka_dims=tuple(cfg.rotate.dims))
     out = cfg.output_dir.rstrip("/")
     with staged_folder(out) as staged:  # the plot is drawn on local disk and logged from there
         export_encoder(model, staged.local / "model", {"rotation": {"fit_on": cfg.rotate.embeddings,

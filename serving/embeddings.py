@@ -48,7 +48,7 @@ class RequestError(ValueError):
 class LoadedModel:
     version: str  # what the source resolved to (models:/name/3, or the path)
     model: object
-    dims: tuple[int, ...]  # Matryoshka sizes it was trained at
+    dims: tuple[int, ...]  # the sizes it may be cut to: trained at (Matryoshka) or rotated for (rotate.dims)
     width: int
     max_tokens: int
     prompts: tuple[str, ...]
@@ -97,7 +97,7 @@ def parse_request(body, loaded: LoadedModel,
                            "prompt_name")
     dims = body.get("dimensions")
     if dims is not None and (not isinstance(dims, int) or (dims != loaded.width and dims not in loaded.dims)):
-        raise RequestError(f"dimensions {dims!r} is not a size this model was trained at: "
+        raise RequestError(f"dimensions {dims!r} is not a size this model may be cut to: "
                            f"{sorted(set(loaded.dims) | {loaded.width})}", "dimensions")
     fmt = body.get("encoding_format", "float")
     if fmt not in ("float", "base64"):

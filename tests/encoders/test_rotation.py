@@ -129,8 +129,9 @@ def test_the_rotate_job_fits_embed_folders_on_object_storage_and_refuses_another
     """Two embed folders (one local, one on object storage) of one model: the rotated model written to object
     storage embeds every text as the source's vectors rotated onto the principal axes of both folders' rows; the
     JSON line reports the variance a cut keeps before and after. Refused, naming the folder, key or model: a folder
-    of another model, an unfinished one, too few rows for the width, a model changed since it was embedded, a
-    quantised model and an RSE model."""
+    of another model, an unfinished one, too few rows for the width, cut sizes wider than the model, a model
+    changed since it was embedded, a quantised model and an RSE model. The sizes asked for are recorded as the
+    rotated model's (serving's dimensions)."""
     from encoders.backbone import build_encoder, export_encoder, inference_embeddings, load_encoder
     from encoders.rotation import PrincipalAxes
     from encoders.sources import resolve_model_source
@@ -143,7 +144,7 @@ def test_the_rotate_job_fits_embed_folders_on_object_storage_and_refuses_another
     _embed_folder(str(tmp_path / "emb-a"), model, TEXTS[:half], shards=2)
     _embed_folder(s3.uri("emb-b"), model, TEXTS[half:], shards=3)
     job = job_module("rotate")
-    cfg = job.RotateJobConfig(rotate={"embeddings": [str(tmp_path / "emb-a"), s3.uri("emb-b")]},
+    cfg = job.RotateJobConfig(rotate={"embeddings": [str(tmp_path / "emb-a"), s3.uri("emb-b")], "dims": [8, 16]},
                               output_dir=s3.uri("rotated"), tracking={"experiment": "raoe-test"})
     result = job.main(cfg)
 
@@ -157,7 +158,7 @@ def test_the_rotate_job_fits_embed_folders_on_object_storage_and_refuses_another
         rotated = inference_embeddings(load_encoder(folder), TEXTS)
         meta = json.loads((Path(folder) / "raoe_encoder.json").read_text())
     np.testing.assert_allclose(rotated, source @ weight.T, atol=1e-5)
-    assert meta["rotation"]["rows"] == len(TEXTS)
+    assert meta["rotation"]["rows"] == len(TEXTS) and meta["matryoshka_dims"] == [16, 8]  # serving's dimensions
     assert list(result["variance_kept"]) == [8, 16, 32] and result["variance_kept"][32] == pytest.approx(1.0)
     assert result["variance_kept"][8] > result["variance_kept_before"][8] + 0.2
 
@@ -169,6 +170,9 @@ def test_the_rotate_job_fits_embed_folders_on_object_storage_and_refuses_another
     (tmp_path / "unfinished").mkdir()
     with pytest.raises(FileNotFoundError, match="unfinished holds no finished embeddings"):
         job.main(job.RotateJobConfig(rotate={"embeddings": [str(tmp_path / "unfinished")]},
+                                     output_dir=str(tmp_path / "out")))
+    with pytest.raises(ValueError, match=r"rotate.dims \[64\]: the model's embedding has 32 dimensions"):
+        job.main(job.RotateJobConfig(rotate={"embeddings": [str(tmp_path / "emb-a")], "dims": [16, 64]},
                                      output_dir=str(tmp_path / "out")))
     with pytest.raises(ValueError, match=r"hold 20 embeddings \(rotate.max_rows=20\).*dimensions \(32\)"):
         job.main(job.RotateJobConfig(rotate={"embeddings": [str(tmp_path / "emb-a")], "max_rows": 20},
