@@ -13,6 +13,15 @@ from runtime.paths import stable_path
 
 # An output location that outlives the job (runtime/paths.py): made absolute when the config is loaded.
 OutputPath = Annotated[str, AfterValidator(stable_path)]
+
+
+def _distinct_sizes(dims: list[int]) -> list[int]:
+    if any(d < 1 for d in dims) or len(set(dims)) != len(dims):
+        raise ValueError(f"must be distinct sizes >= 1, got {dims}")
+    return dims
+
+
+CutSizes = Annotated[list[int], AfterValidator(_distinct_sizes)]  # leading embedding sizes (eval.dims, rotate.dims)
 RELATIVE = ("a relative path is made absolute against the working directory, or against RAOE_HOME (~/raoe) when "
             "the job runs in Ray's scratch copy of it (ray job submit --working-dir)")
 # Every config section naming a model it loads: transformers runs code shipped with a model only when asked.
@@ -404,18 +413,11 @@ class EvalConfig(Section):
     retrieval: list[RetrievalTaskConfig] = Field(default_factory=list, description="retrieval tasks scored next to "
                                                  "STS (nDCG@10, MRR@10, Recall@10/100, MAP@100): BEIR folders or "
                                                  "hf:<dataset>, or {source, split, name, max_queries}")
-    dims: list[int] = Field(default_factory=list, description="also score the suite at these leading embedding "
+    dims: CutSizes = Field(default_factory=list, description="also score the suite at these leading embedding "
                             "sizes, cut and renormalised (a Matryoshka model: objective.matryoshka), each from the "
                             "same encoding and corpus index")
     search: SearchConfig = Field(default_factory=SearchConfig, description="how retrieval tasks search their corpus "
                                  "index: exact (default) or faiss")
-
-    @field_validator("dims")
-    @classmethod
-    def _sizes(cls, dims: list[int]) -> list[int]:
-        if any(d < 1 for d in dims) or len(set(dims)) != len(dims):
-            raise ValueError(f"eval.dims must be distinct sizes >= 1, got {dims}")
-        return dims
 
     @field_validator("retrieval")
     @classmethod

@@ -11,11 +11,11 @@ records.
   python ray_jobs/rotate.py --config configs/tiny/rotate.yaml
 """
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 import _bootstrap  # noqa: F401  (project on sys.path, safe Ray environment)
 from jobconfig import parse_job_args
-from jobconfig.schema import RELATIVE, OutputPath, Section, TrackingConfig
+from jobconfig.schema import RELATIVE, CutSizes, OutputPath, Section, TrackingConfig
 from runtime.result import run_job
 
 REPORTED_DIMS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)  # the variance kept is reported at these cuts
@@ -28,17 +28,10 @@ class RotateSection(Section):
     max_rows: int = Field(1_000_000, ge=1, description="embeddings read at most: whole shards in a seeded order "
                           "until this many (the fit needs at least the embedding's width)")
     seed: int = Field(0, ge=0, description="order in which shards are read when max_rows stops short of them all")
-    dims: list[int] = Field(default_factory=list, description="sizes the rotated model may be cut to, recorded as "
+    dims: CutSizes = Field(default_factory=list, description="sizes the rotated model may be cut to, recorded as "
                             "its Matryoshka sizes (serving's dimensions); none by default (a source model's "
                             "Matryoshka sizes were cuts of its unrotated embedding); score them first with the "
                             "evaluate job's eval.dims")
-
-    @field_validator("dims")
-    @classmethod
-    def _positive_and_distinct(cls, dims: list[int]) -> list[int]:
-        if any(d < 1 for d in dims) or len(set(dims)) != len(dims):
-            raise ValueError(f"rotate.dims must be distinct positive sizes, got {dims}")
-        return sorted(dims, reverse=True)
 
 
 class RotateJobConfig(Section):
@@ -80,7 +73,7 @@ def main(cfg: RotateJobConfig) -> dict:
     model = load_encoder(model_path)
     with_rotation(model, weight)
     # a source's Matryoshka sizes were cuts of its unrotated embedding: only the sizes asked for are recorded
-    model.encoder_settings = replace(model.encoder_settings, matryoshka_dims=tuple(cfg.rotate.dims))
+    model.encoder_settings = replace(model.encoder_settings, matryoshka_dims=tuple(sorted(cfg.rotate.dims, reverse=True)))
     out = cfg.output_dir.rstrip("/")
     with staged_folder(out) as staged:  # the plot is drawn on local disk and logged from there
         export_encoder(model, staged.local / "model", {"rotation": {"fit_on": cfg.rotate.embeddings,
