@@ -26,7 +26,7 @@ class RotateSection(Section):
                                          "model (local or object storage; the model is the one their spec.json "
                                          "names); as embed's output_dir, " + RELATIVE)
     max_rows: int = Field(1_000_000, ge=1, description="embeddings read at most: whole shards in a seeded order "
-                          "until this many (the fit needs at least the embedding's width)")
+                          "until this many (the fit needs more than the embedding's width)")
     seed: int = Field(0, ge=0, description="order in which shards are read when max_rows stops short of them all")
     dims: CutSizes = Field(default_factory=list, description="sizes the rotated model may be cut to, recorded as "
                             "its Matryoshka sizes (serving's dimensions); none by default (a source model's "

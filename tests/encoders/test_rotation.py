@@ -1,7 +1,8 @@
 """The principal-axes rotation: its axes are scikit-learn's PCA of the unit-length embeddings, fit in pieces as at
-once; inserted after pooling it changes no whole-embedding cosine and makes the rotated embeddings' covariance
-diagonal, most variance first; training keeps it (build_encoder) and refuses LoRA on it; the rotate job fits it from
-embed output folders (local and on object storage) and refuses another model's vectors by name."""
+once; inserted after a projection head or before a final Normalize it changes no whole-embedding cosine and makes
+the rotated embeddings' covariance diagonal, most variance first; training keeps it (build_encoder) and refuses LoRA
+or quantisation on it; the rotate job fits it from embed output folders (local and on object storage), records the
+cut sizes asked for, and refuses by name what it would get wrong."""
 
 import json
 from pathlib import Path
@@ -54,12 +55,14 @@ def test_the_axes_are_the_principal_components_of_the_unit_embeddings_fit_in_pie
 def test_a_rotated_model_keeps_its_cosines_and_trains_with_its_rotation(tmp_path):
     """On a model with a projection head (Dense 32 -> 16, tanh), the rotation goes after the head and rotates each
     embedding (e @ W.T); whole-embedding cosines stay; the exported folder built for training (build_encoder) keeps
-    both Dense modules in order, computes the same, and the rotation has a gradient; LoRA on it is refused by name
-    (its adapters would be saved without the rotation)."""
+    both Dense modules in order, computes the same, and the rotation has a gradient; LoRA or quantisation on it is
+    refused by name, before any weight loads. On a model ending in Normalize the rotation goes before it: unit
+    length and every cosine stay."""
     import torch
     from sentence_transformers.sentence_transformer.modules import Dense
 
     from encoders.backbone import build_encoder, export_encoder, forward_pass, inference_embeddings, load_encoder
+    from encoders.model_files import refuse_adapters_on_heads
     from encoders.rotation import PrincipalAxes, with_rotation
     from encoders.sources import resolve_model_source
 
@@ -92,6 +95,9 @@ def test_a_rotated_model_keeps_its_cosines_and_trains_with_its_rotation(tmp_path
     assert trainable[3].linear.weight.dtype == torch.float32
     with pytest.raises(ValueError, match="model.lora / model.quantization: .*Dense module after pooling"):
         build_encoder(str(folder), lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"})
+    with pytest.raises(ValueError, match="model.lora / model.quantization: .*Dense module after pooling"):
+        refuse_adapters_on_heads(str(folder), lora=False, quantization="nf4")  # as the driver checks, before Ray
+    refuse_adapters_on_heads(str(folder), lora=False, quantization="none")  # a full fine-tune of it is fine
 
     from sentence_transformers.sentence_transformer.modules import Normalize
 
@@ -128,10 +134,10 @@ def _embed_folder(place: str, model: Path, texts: list[str], shards: int, vector
 def test_the_rotate_job_fits_embed_folders_on_object_storage_and_refuses_another_models(tmp_path, monkeypatch, s3):
     """Two embed folders (one local, one on object storage) of one model: the rotated model written to object
     storage embeds every text as the source's vectors rotated onto the principal axes of both folders' rows; the
-    JSON line reports the variance a cut keeps before and after. Refused, naming the folder, key or model: a folder
-    of another model, an unfinished one, too few rows for the width, cut sizes wider than the model, a model
-    changed since it was embedded, a quantised model and an RSE model. The sizes asked for are recorded as the
-    rotated model's (serving's dimensions)."""
+    JSON line reports the variance a cut keeps before and after. The sizes asked for are recorded as the rotated
+    model's (serving's dimensions), the source's Matryoshka sizes dropped. Refused, naming the folder, key or model:
+    a folder of another model, an unfinished one, too few rows for the width, cut sizes wider than the model, a
+    model changed since it was embedded, a LoRA adapter, a quantised model and an RSE model."""
     from encoders.backbone import build_encoder, export_encoder, inference_embeddings, load_encoder
     from encoders.rotation import PrincipalAxes
     from encoders.sources import resolve_model_source
@@ -139,7 +145,7 @@ def test_the_rotate_job_fits_embed_folders_on_object_storage_and_refuses_another
 
     private_stores(monkeypatch, tmp_path)
     tiny = resolve_model_source("tiny:bert")
-    model = export_encoder(build_encoder(tiny, max_length=32), tmp_path / "model")
+    model = export_encoder(build_encoder(tiny, max_length=32), tmp_path / "model", {"matryoshka_dims": [24]})
     half = len(TEXTS) // 2
     _embed_folder(str(tmp_path / "emb-a"), model, TEXTS[:half], shards=2)
     _embed_folder(s3.uri("emb-b"), model, TEXTS[half:], shards=3)
@@ -158,7 +164,8 @@ def test_the_rotate_job_fits_embed_folders_on_object_storage_and_refuses_another
         rotated = inference_embeddings(load_encoder(folder), TEXTS)
         meta = json.loads((Path(folder) / "raoe_encoder.json").read_text())
     np.testing.assert_allclose(rotated, source @ weight.T, atol=1e-5)
-    assert meta["rotation"]["rows"] == len(TEXTS) and meta["matryoshka_dims"] == [16, 8]  # serving's dimensions
+    assert meta["rotation"]["rows"] == len(TEXTS)
+    assert meta["matryoshka_dims"] == [16, 8]  # the sizes asked for (serving's dimensions), not the source's 24
     assert list(result["variance_kept"]) == [8, 16, 32] and result["variance_kept"][32] == pytest.approx(1.0)
     assert result["variance_kept"][8] > result["variance_kept_before"][8] + 0.2
 
@@ -177,13 +184,20 @@ def test_the_rotate_job_fits_embed_folders_on_object_storage_and_refuses_another
     with pytest.raises(ValueError, match=r"hold 20 embeddings \(rotate.max_rows=20\).*dimensions \(32\)"):
         job.main(job.RotateJobConfig(rotate={"embeddings": [str(tmp_path / "emb-a")], "max_rows": 20},
                                      output_dir=str(tmp_path / "out")))
-    refusals = {"another version of": lambda m: (m / "raoe_encoder.json").write_text("{}"),
-                "a LoRA adapter or a quantised model": None, "a relational \\(RSE\\) model": None}
-    for n, (reason, after_embedding) in enumerate(refusals.items()):
-        changed = export_encoder(build_encoder(tiny, max_length=32), tmp_path / f"changed{n}",
-                                 {"quantization": "nf4"} if "quantised" in reason else None)
-        if "RSE" in reason:
-            (changed / "relations.json").write_text(json.dumps({"relations": ["entailment"], "dim": 32}))
+    def write(name: str, text: str):
+        return lambda folder: (folder / name).write_text(text)
+
+    cases = [  # (what is refused, a change to the model folder before it is embedded, and one after)
+        ("another version of", None, write("raoe_encoder.json", "{}")),
+        ("a LoRA adapter or a quantised model", write("raoe_encoder.json", json.dumps({"quantization": "nf4"})), None),
+        ("a LoRA adapter or a quantised model", write("adapter_config.json",
+                                                      json.dumps({"base_model_name_or_path": tiny})), None),
+        ("a relational \\(RSE\\) model", write("relations.json", json.dumps({"relations": ["entailment"]})), None),
+    ]
+    for n, (reason, before_embedding, after_embedding) in enumerate(cases):
+        changed = export_encoder(build_encoder(tiny, max_length=32), tmp_path / f"changed{n}")
+        if before_embedding:
+            before_embedding(changed)
         _embed_folder(str(tmp_path / f"emb-changed{n}"), changed, TEXTS[:40], shards=1, vectors_of=model)
         if after_embedding:
             after_embedding(changed)
