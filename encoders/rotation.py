@@ -14,6 +14,7 @@ after the retrieval recipe's Matryoshka training from the rotated model.
     for batch in embeddings:  # any number of (rows, 384) arrays
         axes.add(batch)
     weight, variances = axes.rotation()
+    share_kept(variances, [64, 128])  # what the first 64 and 128 rotated dimensions hold
     with_rotation(model, weight)  # then export_encoder(model, folder)
 """
 
@@ -59,15 +60,15 @@ class PrincipalAxes:
         weight *= np.where(largest < 0, -1.0, 1.0)[:, None]
         return weight, np.clip(values[order], 0.0, None)
 
-    def variance_kept(self, dims: list[int], weight: np.ndarray | None = None) -> dict[int, float]:
-        """The fraction of the total variance in the first ``d`` coordinates for each ``d``: of the rotated
-        embedding when ``weight`` is given, else of the embedding as it is."""
-        cov = self.covariance()
-        if weight is not None:
-            cov = weight @ cov @ weight.T
-        per_axis = np.clip(np.diag(cov), 0.0, None)
-        total = max(float(per_axis.sum()), 1e-30)
-        return {d: float(per_axis[:d].sum() / total) for d in dims}
+    def variances(self) -> np.ndarray:
+        """The variance along each coordinate of the embedding as it is (rotated: ``rotation()``'s variances)."""
+        return np.clip(np.diag(self.covariance()), 0.0, None)
+
+
+def share_kept(variances: np.ndarray, dims: list[int]) -> dict[int, float]:
+    """The share of the total variance the first ``d`` coordinates hold, for each ``d``."""
+    total = max(float(variances.sum()), 1e-30)
+    return {d: float(variances[:d].sum() / total) for d in dims}
 
 
 def orthogonality_error(weight: np.ndarray) -> float:

@@ -50,7 +50,7 @@ def main(cfg: RotateJobConfig) -> dict:
 
     from encoders.backbone import export_encoder, load_encoder
     from encoders.model_uris import resolve_model
-    from encoders.rotation import orthogonality_error, with_rotation
+    from encoders.rotation import orthogonality_error, share_kept, with_rotation
     from runtime.tracking_store import ensure_experiment, tracking_uri
     from storage.paths import join, staged_folder
 
@@ -68,7 +68,7 @@ def main(cfg: RotateJobConfig) -> dict:
         raise ValueError(f"rotate.dims {too_wide}: the model's embedding has {axes.dim} dimensions")
     weight, variances = axes.rotation()
     dims = [d for d in REPORTED_DIMS if d < axes.dim] + [axes.dim]
-    kept, kept_before = axes.variance_kept(dims, weight), axes.variance_kept(dims)
+    kept, kept_before = share_kept(variances, dims), share_kept(axes.variances(), dims)
 
     model = load_encoder(model_path)
     with_rotation(model, weight)
@@ -98,16 +98,16 @@ def main(cfg: RotateJobConfig) -> dict:
     return {**result, "run_id": run.info.run_id, "tracking_uri": tracking_uri()}
 
 
-def _embedded_shards(folders: list[str]) -> tuple[str, str, list[tuple[str, str, int]]]:
-    """(model source, its fingerprint, every (folder, shard, rows)) of the embed output folders; folders holding
+def _embedded_shards(folders: list[str]) -> tuple[str, str, list[tuple[str, str]]]:
+    """(model source, its fingerprint, every non-empty (folder, shard)) of the embed output folders; folders holding
     another model's vectors are refused by name."""
     from data_pipelines.embedding import finished_embeddings
 
     models, shards = {}, []
-    for folder in folders:
-        spec, listed = finished_embeddings(folder.rstrip("/"))
+    for folder in (f.rstrip("/") for f in folders):
+        spec, listed = finished_embeddings(folder)
         models[folder] = (spec["model"], spec["model_fingerprint"])
-        shards += [(folder.rstrip("/"), s["shard"], int(s["rows"])) for s in listed if int(s["rows"])]
+        shards += [(folder, s["shard"]) for s in listed if int(s["rows"])]
     if len(set(models.values())) > 1:
         raise ValueError("rotate.embeddings hold the vectors of different models: "
                          + "; ".join(f"{f}: {m}" for f, (m, _) in models.items()))
@@ -130,11 +130,12 @@ def _rotatable(source: str, model_path: str) -> None:
     import json
     from pathlib import Path
 
+    from encoders.backbone import adapter_base
     from encoders.model_files import RAOE_META, RELATIONS_JSON
 
     meta = Path(model_path) / RAOE_META
     quantized = meta.is_file() and json.loads(meta.read_text()).get("quantization", "none") != "none"
-    if quantized or (Path(model_path) / "adapter_config.json").is_file():
+    if quantized or adapter_base(model_path):
         raise ValueError(f"{source} is a LoRA adapter or a quantised model: rotate its merged export "
                          f"(ray_jobs/export.py with export.formats=[merged])")
     if (Path(model_path) / RELATIONS_JSON).is_file():
@@ -142,25 +143,25 @@ def _rotatable(source: str, model_path: str) -> None:
                          f"would stay in the old basis)")
 
 
-def _fit(shards: list[tuple[str, str, int]], max_rows: int, seed: int):
+def _fit(shards: list[tuple[str, str]], max_rows: int, seed: int):
     """The principal axes' sums over whole shards in a seeded order, the last one cut to ``max_rows``."""
     import numpy as np
 
     from data_pipelines.embedding import shard_vectors
     from encoders.rotation import PrincipalAxes
 
+    if not shards:
+        raise ValueError("rotate.embeddings hold no embeddings")
     axes = None
     for i in np.random.default_rng(seed).permutation(len(shards)):
-        folder, shard, _ = shards[i]
-        vectors = shard_vectors(folder, shard)
+        vectors = shard_vectors(*shards[i])
         axes = axes or PrincipalAxes(vectors.shape[1])
         axes.add(vectors[: max_rows - axes.count])
         if axes.count >= max_rows:
             break
-    if axes is None or axes.count <= axes.dim:
-        held = f"{axes.count} embeddings" if axes else "no embeddings"
-        raise ValueError(f"rotate.embeddings hold {held} (rotate.max_rows={max_rows}): a rotation needs more "
-                         f"embeddings than the model has dimensions ({axes.dim if axes else '?'})")
+    if axes.count <= axes.dim:
+        raise ValueError(f"rotate.embeddings hold {axes.count} embeddings (rotate.max_rows={max_rows}): a rotation "
+                         f"needs more embeddings than the model has dimensions ({axes.dim})")
     return axes
 
 

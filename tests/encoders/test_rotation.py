@@ -29,7 +29,7 @@ def _unit(x: np.ndarray) -> np.ndarray:
 def test_the_axes_are_the_principal_components_of_the_unit_embeddings_fit_in_pieces():
     from sklearn.decomposition import PCA
 
-    from encoders.rotation import PrincipalAxes, orthogonality_error
+    from encoders.rotation import PrincipalAxes, orthogonality_error, share_kept
 
     rng = np.random.default_rng(0)
     basis, _ = np.linalg.qr(rng.normal(size=(12, 12)))
@@ -43,9 +43,9 @@ def test_the_axes_are_the_principal_components_of_the_unit_embeddings_fit_in_pie
     np.testing.assert_allclose(variances, reference.explained_variance_ * 599 / 600, rtol=1e-6, atol=1e-12)
     assert (weight[np.arange(12), np.abs(weight).argmax(axis=1)] > 0).all()  # signed: the same data, the same matrix
     assert orthogonality_error(weight) < 1e-6
-    kept = axes.variance_kept([1, 3, 12], weight)
+    kept = share_kept(variances, [1, 3, 12])
     np.testing.assert_allclose([kept[1], kept[3]], np.cumsum(reference.explained_variance_ratio_)[[0, 2]], rtol=1e-6)
-    assert kept[12] == pytest.approx(1.0) and kept[3] > axes.variance_kept([3])[3] + 0.1
+    assert kept[12] == pytest.approx(1.0) and kept[3] > share_kept(axes.variances(), [3])[3] + 0.1
     with pytest.raises(ValueError, match="needs more than 12 embeddings, got 12"):
         few = PrincipalAxes(12)
         few.add(data[:12])
