@@ -59,16 +59,27 @@ def main() -> None:
                         "teacher rows are reused, not evaluated again")
     parser.add_argument("--rotate", action="store_true", help="train from the student rotated onto its principal "
                         "axes (fit on SNLI dev's sentences), evaluated before training too; no step times")
+    parser.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a one-off variant: passed to the training job as --set KEY=VALUE after the recipe's own "
+                        "(repeatable); recorded in the results, which then need --name")
+    parser.add_argument("--name", help="the results' file name under benchmarks/results/ (default retrieval_recipe, "
+                        "or retrieval_recipe_rotated with --rotate)")
     args = parser.parse_args()
+    if args.train_set and not args.name:
+        parser.error("--train-set is a variant of the recipe: give its results a --name of their own")
+    bad = [s for s in args.train_set if "=" not in s]
+    if bad:
+        parser.error(f"--train-set takes KEY=VALUE, got {bad[0]!r}")
     earlier = _baselines(args.baselines_from) if args.baselines_from else None
-    jobs = {} if args.skip_jobs else run_jobs(args.max_rows, earlier["results"] if earlier else None, args.rotate)
+    jobs = {} if args.skip_jobs else run_jobs(args.max_rows, earlier["results"] if earlier else None, args.rotate,
+                                              args.train_set)
     if earlier:
         jobs["baselines_from"] = {"file": str(args.baselines_from), "machine": earlier.get("machine")}
-    steps = {} if args.rotate else step_times()
+    steps = {} if args.rotate or args.train_set else step_times()
     if args.skip_jobs:
         report_steps(steps)
         return
-    report(jobs, steps, "retrieval_recipe_rotated" if args.rotate else "retrieval_recipe")
+    report(jobs, steps, args.name or ("retrieval_recipe_rotated" if args.rotate else "retrieval_recipe"))
 
 
 def _baselines(path: Path) -> dict:
@@ -89,7 +100,7 @@ def _baselines(path: Path) -> dict:
     return earlier
 
 
-def run_jobs(max_rows: int, baselines: dict | None = None, rotate: bool = False) -> dict:
+def run_jobs(max_rows: int, baselines: dict | None = None, rotate: bool = False, train_sets: list[str] = ()) -> dict:
     data = find_data_dir()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -103,7 +114,7 @@ def run_jobs(max_rows: int, baselines: dict | None = None, rotate: bool = False)
                     "--set", f"eval.retrieval=[{', '.join(str(p) for p in beir.values())}]"]
         dims = ["--set", f"eval.dims=[{', '.join(map(str, DIMS))}]"]
         cap = ["--set", f"data.max_rows={max_rows}"] if max_rows else []
-        out, seconds = {"tasks": list(beir), "baselines": baselines}, {}
+        out, seconds = {"tasks": list(beir), "baselines": baselines, "train_sets": list(train_sets)}, {}
 
         def timed(name, job_args):
             started = time.time()
@@ -130,7 +141,7 @@ def run_jobs(max_rows: int, baselines: dict | None = None, rotate: bool = False)
             timed("train", ["ray_jobs/stage1.py", "--config", TRAIN, "--set", f"data.train={tmp / 'scored' / 'data'}",
                             "--set", f"model.source={start}",
                             "--set", f"eval.data_dir={data / 'senteval'}", "--set", f"trainer.storage_path={tmp / 'runs'}",
-                            "--set", f"output_dir={tmp / 'models'}"])
+                            "--set", f"output_dir={tmp / 'models'}", *[a for s in train_sets for a in ("--set", s)]])
             timed("trained", evaluate + dims + ["--set", f"model.source={out['train']['model_uri']}"])
         out["seconds"] = seconds
         return out
@@ -259,6 +270,8 @@ def report(jobs: dict, steps: dict, name: str = "retrieval_recipe") -> None:
             "candidates_dropped_by_margin", "labelled_negatives_written")}, "training": jobs["train"]["metrics"],
             "job_seconds": jobs["seconds"]} | ({"baselines_from": jobs["baselines_from"]} if jobs.get("baselines_from")
                                           else {})
+        if jobs.get("train_sets"):
+            payload["train_sets"] = jobs["train_sets"]
         if "rotate" in jobs:
             payload["rotation"] = {k: jobs["rotate"][k] for k in ("rows", "variance_kept", "variance_kept_before")}
         snli = tasks[0]
@@ -292,6 +305,9 @@ def report(jobs: dict, steps: dict, name: str = "retrieval_recipe") -> None:
                   f"{jobs['train']['metrics']['steps']} steps.", "",
                   "Seconds (each job's wall time through ray job submit): "
                   + ", ".join(f"{k} {v:.0f}" for k, v in jobs["seconds"].items()) + "."]
+        if jobs.get("train_sets"):
+            lines += ["", f"A one-off variant of the recipe: the training job ({TRAIN}) given "
+                      + ", ".join(f"`--set {s}`" for s in jobs["train_sets"]) + " after the recipe's own settings."]
         if jobs.get("baselines_from"):
             lines += ["", "The student's and the teacher's rows are an earlier full run's (--baselines-from "
                       f"{jobs['baselines_from']['file']}), with the same evaluation code and data; that run's machine: "
