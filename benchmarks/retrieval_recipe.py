@@ -14,12 +14,15 @@ step time in process (MiniLM, this CPU): groups of 8 against pairs, Matryoshka a
 Results: ``benchmarks/results/retrieval_recipe.{json,md}`` (with --skip-jobs, ``retrieval_recipe_steps.{json,md}``).
 
   python benchmarks/retrieval_recipe.py [--max-rows 0] [--skip-jobs] [--baselines-from results.json] [--rotate]
+                                        [--train-set KEY=VALUE ... --name NAME]
 
 --baselines-from takes the student's and the teacher's rows from an earlier full run's JSON instead of evaluating
 them again (about 19 of the run's 47 minutes here): the evaluation code and data must be those of that run.
 --rotate rotates the student onto the principal axes of its embeddings of SNLI dev's sentences first
 (ray_jobs/embed.py, ray_jobs/rotate.py), evaluates it so, and trains from it; results in
 ``retrieval_recipe_rotated.{json,md}``, without the step times.
+--train-set KEY=VALUE (repeatable) runs a one-off variant: the training job gets ``--set KEY=VALUE`` after the
+recipe's own settings, and the results (``--name NAME``) record it, without the step times.
 """
 
 from __future__ import annotations
