@@ -237,14 +237,14 @@ def embed_shards(todo: list[PlannedShard], settings: EmbedSettings, folder: str,
     return written.take_all()
 
 
-def finished_embeddings(folder: str) -> tuple[dict, list[dict]]:
-    """(spec, shards) of a finished embed output folder (its spec.json, its manifest's shards with their rows);
-    refused by name when the folder is not one."""
+def finished_embeddings(folder: str) -> tuple[dict, dict]:
+    """(spec, manifest) of a finished embed output folder (its spec.json; its manifest: ``shards`` with their rows,
+    ``dim``); refused by name when the folder is not one."""
     manifest = storage_path(join(folder, MANIFEST))
     if not manifest.exists():
         raise FileNotFoundError(f"{folder} holds no finished embeddings (no {MANIFEST}): run ray_jobs/embed.py into "
                                 f"it to the end first")
-    return json.loads(storage_path(join(folder, SPEC)).read_text()), json.loads(manifest.read_text())["shards"]
+    return json.loads(storage_path(join(folder, SPEC)).read_text()), json.loads(manifest.read_text())
 
 
 def shard_vectors(folder: str, shard: str) -> np.ndarray:

@@ -55,7 +55,10 @@ def main(cfg: RotateJobConfig) -> dict:
     from storage.paths import join, staged_folder
 
     started = time.time()
-    source, fingerprint, shards = _embedded_shards(cfg.rotate.embeddings)
+    source, fingerprint, shards, width = _embedded_shards(cfg.rotate.embeddings)
+    too_wide = [d for d in cfg.rotate.dims if d > width]
+    if too_wide:  # before any model loads or shard is read
+        raise ValueError(f"rotate.dims {too_wide}: the model's embedding has {width} dimensions")
     model_path = resolve_model(source)
     _same_model(source, model_path, fingerprint)
     _rotatable(source, model_path)
@@ -63,9 +66,6 @@ def main(cfg: RotateJobConfig) -> dict:
     print(f"[raoe] rotate: fitting the principal axes of {source} on at most {cfg.rotate.max_rows:,} embeddings of "
           f"{len(shards)} shard(s) ...", flush=True)
     axes = _fit(shards, cfg.rotate.max_rows, cfg.rotate.seed)
-    too_wide = [d for d in cfg.rotate.dims if d > axes.dim]
-    if too_wide:
-        raise ValueError(f"rotate.dims {too_wide}: the model's embedding has {axes.dim} dimensions")
     weight, variances = axes.rotation()
     dims = [d for d in REPORTED_DIMS if d < axes.dim] + [axes.dim]
     kept, kept_before = share_kept(variances, dims), share_kept(axes.variances(), dims)
@@ -98,21 +98,24 @@ def main(cfg: RotateJobConfig) -> dict:
     return {**result, "run_id": run.info.run_id, "tracking_uri": tracking_uri()}
 
 
-def _embedded_shards(folders: list[str]) -> tuple[str, str, list[tuple[str, str]]]:
-    """(model source, its fingerprint, every non-empty (folder, shard)) of the embed output folders; folders holding
-    another model's vectors are refused by name."""
+def _embedded_shards(folders: list[str]) -> tuple[str, str, list[tuple[str, str]], int]:
+    """(model source, its fingerprint, every non-empty (folder, shard), the embedding's width) of the embed output
+    folders, from their spec and manifest alone; folders holding another model's vectors are refused by name."""
     from data_pipelines.embedding import finished_embeddings
 
-    models, shards = {}, []
+    models, shards, width = {}, [], 0
     for folder in (f.rstrip("/") for f in folders):
-        spec, listed = finished_embeddings(folder)
+        spec, manifest = finished_embeddings(folder)
         models[folder] = (spec["model"], spec["model_fingerprint"])
-        shards += [(folder, s["shard"]) for s in listed if int(s["rows"])]
+        shards += [(folder, s["shard"]) for s in manifest["shards"] if int(s["rows"])]
+        width = max(width, int(manifest["dim"]))
     if len(set(models.values())) > 1:
         raise ValueError("rotate.embeddings hold the vectors of different models: "
                          + "; ".join(f"{f}: {m}" for f, (m, _) in models.items()))
+    if not shards:
+        raise ValueError("rotate.embeddings hold no embeddings")
     source, fingerprint = next(iter(models.values()))
-    return source, fingerprint, shards
+    return source, fingerprint, shards, width
 
 
 def _same_model(source: str, model_path: str, fingerprint: str) -> None:
@@ -144,14 +147,13 @@ def _rotatable(source: str, model_path: str) -> None:
 
 
 def _fit(shards: list[tuple[str, str]], max_rows: int, seed: int):
-    """The principal axes' sums over whole shards in a seeded order, the last one cut to ``max_rows``."""
+    """The principal axes' sums over whole shards (at least one) in a seeded order, the last one cut to
+    ``max_rows``."""
     import numpy as np
 
     from data_pipelines.embedding import shard_vectors
     from encoders.rotation import PrincipalAxes
 
-    if not shards:
-        raise ValueError("rotate.embeddings hold no embeddings")
     axes = None
     for i in np.random.default_rng(seed).permutation(len(shards)):
         vectors = shard_vectors(*shards[i])
