@@ -1,7 +1,7 @@
 """An empty training job, submitted by benchmarks/startup.py as raoe's jobs are: the job's Ray session, then Ray Train
-with raoe's own trainer (training.run._torch_trainer, the same worker env) on one 1-CPU worker whose loop only prints
-the lines the benchmark times. What it takes to its "first step" is Ray Train's floor on this head: the controller
-and worker processes, no model, no corpus, none of raoe's loop.
+with raoe's own trainer (training.run._ray_trainer: its process group, the same worker env) on one 1-CPU worker whose
+loop only prints the lines the benchmark times. What it takes to its "first step" is Ray Train's floor on this head:
+the controller and worker processes, no model, no corpus, none of raoe's loop.
 
   python benchmarks/empty_train_job.py
 """
@@ -29,15 +29,15 @@ def main() -> None:
     parser.parse_args()
     started = time.time()
     import ray.train
-    from ray.train.torch import TorchConfig
 
     from runtime.local_ray import ray_session
-    from training.run import _torch_trainer, _worker_env
+    from training.process_group import ProcessGroupConfig
+    from training.run import _ray_trainer, _worker_env
 
     with ray_session(), tempfile.TemporaryDirectory() as tmp:
         print("[raoe] stage0: 0 rows (an empty Ray Train run)", flush=True)
-        trainer = _torch_trainer(
-            empty_loop, train_loop_config={}, torch_config=TorchConfig(backend="gloo"),
+        trainer = _ray_trainer(
+            empty_loop, train_loop_config={}, backend_config=ProcessGroupConfig(backend="gloo"),
             scaling_config=ray.train.ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
             run_config=ray.train.RunConfig(name=f"empty-{int(started)}", storage_path=tmp,
                                            worker_runtime_env={"env_vars": _worker_env()}))

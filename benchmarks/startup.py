@@ -19,7 +19,8 @@ The time to the first step is cut at lines every version of raoe prints (so a ch
 is measured the same way): the driver's "[raoe] <stage>: N pairs" line (job started, config checked, corpus read,
 validated and ordered), Ray Train's "Started training worker group" (controller and worker processes up), the
 workers' "[raoe] N worker(s)" line (imports, model loaded, corpus rows mapped, every worker ready) and
-"[raoe] step 1/". A version that reports its own start-up (the JSON line's "startup") adds that finer breakdown.
+"[raoe] step 1/"; the whole job ends at its JSON result line. A version that reports its own start-up (the JSON
+line's "startup") adds that finer breakdown.
 Results: benchmarks/results/startup.{json,md}; a --label other than "after" writes startup_<label>.json, which the
 "after" run puts beside its own numbers.
 """
@@ -80,6 +81,7 @@ def submit_once(head, job: list[str], workdir: Path, name: str, tree: Path) -> d
                 seen[milestone] = now
         if line.strip().startswith('{"job"'):
             result = json.loads(line.strip())
+            seen["result"] = now
     if head.returncode != 0 or "first_step" not in seen:
         print("\n".join(tail), file=sys.stderr)
         raise RuntimeError(f"submitted job {name} failed or never reached its first step")
@@ -89,6 +91,7 @@ def submit_once(head, job: list[str], workdir: Path, name: str, tree: Path) -> d
             phases[milestone] = round(seen[milestone] - last, 2)
             last = seen[milestone]
     return {"to_first_step_s": round(seen["first_step"], 2), "phases_s": phases,
+            "to_result_s": round(seen["result"], 2) if "result" in seen else None,
             "job_breakdown_s": (result or {}).get("startup")}
 
 
@@ -111,13 +114,17 @@ def measure(tree: Path, repeats: int, in_process: bool = True) -> dict:
     return out
 
 
+def _seconds(value: float | None) -> str:
+    return f"{value:.1f} s" if value is not None else "not timed"
+
+
 def markdown(after: dict, before: dict | None, machine: dict) -> str:
     goals = {"tiny": 15.0, "tiny in process": 15.0, "student": 20.0, "student in process": 20.0, "empty": None}
     lines = ["# Job start-up: `ray job submit` to the first optimizer step", "",
              f"Machine: {machine}. A local head (`ray start --head`, 2 CPUs, loopback); cold = the head's first "
              "submission, warm = the best later one. Phases end at lines every version prints (see the script).", "",
-             "| job | | cold | warm | driver | worker group | worker set-up | first step | goal (warm) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| job | | cold | warm | driver | worker group | worker set-up | first step | goal (warm) | whole job (warm) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for label, goal in goals.items():
         for name, data in (("before", (before or {}).get(label)), ("after", after.get(label))):
             if not data:
@@ -126,7 +133,8 @@ def markdown(after: dict, before: dict | None, machine: dict) -> str:
             lines.append(f"| {label} | {name} | {data['cold']['to_first_step_s']:.1f} s | "
                          f"{data['warm']['to_first_step_s']:.1f} s | {p.get('driver', 0):.1f} | "
                          f"{p.get('worker_group', 0):.1f} | {p.get('worker_setup', 0):.1f} | "
-                         f"{p.get('first_step', 0):.1f} | {f'<= {goal:g} s' if goal else 'none: the floor'} |")
+                         f"{p.get('first_step', 0):.1f} | {f'<= {goal:g} s' if goal else 'none: the floor'} | "
+                         f"{_seconds(data['warm'].get('to_result_s'))} |")
     lines += ["", "in process: the same job with `trainer.num_workers=0` (the job's own process trains, Ray Train's local "
               "mode: no controller or worker process to start); its 'worker group' phase ends at its 'training in this "
               "process' line. empty: `benchmarks/empty_train_job.py`, Ray Train with raoe's trainer on one worker "

@@ -35,9 +35,11 @@ from training.checkpoints import MODEL_DIR, PROGRESS_FILE, refuse_other_corpus, 
 from training.in_process import CheckpointKeeper, fit_in_process, refuse_the_other_mode
 from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, DataKind, corpus_cache_dir
 from training.plan import elastic_chunk, plan_steps
+from training.process_group import ProcessGroupConfig
 from training.rows import CorpusBlocks, content_ordered, write_files
 from training.sources import steps_per_source
 from training.worker_config import RETRIEVAL_DEV_METRIC, STS_DEV_METRIC, DevSet, SourceRun, WorkerConfig
+from training.worker_entry import train_on_worker
 
 JOB_DATA = {"stage1": "pairs", "stage2": "sts", "unsupervised": "sentences", "posttrain": "lists",
             "relational": "triples"}  # each job's data
@@ -429,14 +431,13 @@ def _worker_config(cfg: TrainJobConfig, pre: Preflight, plan, corpus: CorpusBloc
 def _fit(cfg: TrainJobConfig, worker_config: WorkerConfig, run_name: str, callbacks: list | None):
     """The Ray Train worker group; a checkpoint that cannot be written ends the run with where and what to do."""
     import ray.train
-    from ray.train.torch import TorchConfig
-
-    from training.loop import train_loop_per_worker  # torch, DeepSpeed: the driver loads them once the corpus is read
 
     t = cfg.trainer
     score = worker_config.dev.metric if worker_config.dev.data is not None else None
     refuse_the_other_mode(worker_config.run_folder, t.in_process)
     if t.in_process:
+        from training.loop import train_loop_per_worker  # torch, the encoder stack: this process trains
+
         if callbacks:
             raise ValueError("trainer.num_workers=0 (training in the job's process) cannot report to a Ray Tune "
                              "sweep: give its trials trainer.num_workers >= 1")
@@ -447,11 +448,11 @@ def _fit(cfg: TrainJobConfig, worker_config: WorkerConfig, run_name: str, callba
     if t.elastic and t.max_failures == 0:
         print(f"[raoe] trainer.num_workers {list(t.num_workers)} is elastic but trainer.max_failures is 0: a lost "
               f"worker ends the run instead of going on with fewer", flush=True)
-    trainer = _torch_trainer(
+    trainer = _ray_trainer(
         # No Ray Data iterator per worker: each maps the content-ordered blocks (worker_config.corpus) and takes its
         # rows by index (training/plan.py), so the rows of a step do not depend on how Ray Data hands out blocks.
-        train_loop_per_worker, train_loop_config=worker_config,
-        torch_config=TorchConfig(backend="nccl" if cfg.trainer.use_gpu else "gloo"),
+        train_on_worker, train_loop_config=worker_config,
+        backend_config=ProcessGroupConfig(backend="nccl" if cfg.trainer.use_gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(
             num_workers=tuple(t.num_workers) if t.elastic else t.worker_range[0], use_gpu=t.use_gpu,
             resources_per_worker=None if cfg.trainer.use_gpu else {"CPU": cfg.trainer.cpus_per_worker},
@@ -475,23 +476,25 @@ def _fit(cfg: TrainJobConfig, worker_config: WorkerConfig, run_name: str, callba
         raise failure from exc
 
 
-def _torch_trainer(*args, **kwargs):
-    """Ray Train's TorchTrainer without the helper actors a raoe run never uses. Each is a Python process of its own
-    that imports Ray Train (about 2.5 s of CPU, per run, beside the workers starting): the dataset manager serves the
-    Ray Datasets given to the trainer, and raoe gives none (workers map the content-ordered blocks themselves); on the
-    local Ray a job starts, the placement-group cleaner (which frees the workers' resources if the controller dies
-    while the cluster lives on) has nothing to outlive it, that Ray stops with the job. A cluster keeps the cleaner."""
-    from ray.train.torch import TorchTrainer
+def _ray_trainer(train_loop_per_worker, **kwargs):
+    """Ray Train's trainer on raoe's process group (training/process_group.py: neither this driver nor the
+    controller imports torch to start the workers), without the helper actors a raoe run never uses. Each is a Python
+    process of its own that imports Ray Train (about 2.5 s of CPU, per run, beside the workers starting): the dataset
+    manager serves the Ray Datasets given to the trainer, and raoe gives none (workers map the content-ordered blocks
+    themselves); on the local Ray a job starts, the placement-group cleaner (which frees the workers' resources if the
+    controller dies while the cluster lives on) has nothing to outlive it, that Ray stops with the job. A cluster keeps
+    the cleaner."""
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     unused = (DatasetsCallback, PlacementGroupCleanerCallback) if runs_local_ray() else (DatasetsCallback,)
 
-    class LeanTorchTrainer(TorchTrainer):
+    class LeanTrainer(DataParallelTrainer):
         def _create_default_callbacks(self):
             return [c for c in super()._create_default_callbacks() if not isinstance(c, unused)]
 
-    return LeanTorchTrainer(*args, **kwargs)
+    return LeanTrainer(train_loop_per_worker, **kwargs)
 
 
 def _export_best(result, pre: Preflight, cfg: TrainJobConfig, out_dir: Path):

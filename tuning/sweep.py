@@ -1,5 +1,5 @@
 """Grid sweeps over any training-config keys with Ray Tune: each trial runs the training job's Ray Train loop
-(Train inside Tune, Ray 2.60's way: the trial function builds a TorchTrainer and reports through
+(Train inside Tune, Ray 2.60's way: the trial function builds Ray Train's trainer and reports through
 TuneReportCallback), as a child MLflow run of the sweep's parent run; the best trial by dev Spearman is
 registered. A sweep whose driver died resumes with Tuner.restore without rerunning finished trials."""
 

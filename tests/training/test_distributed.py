@@ -38,18 +38,22 @@ BF16 = {
 
 
 DEV_ON_THE_DRIVER = "2 workers zero-3"  # scores STS-B dev at its checkpoint; the files vanish once the driver read them
+PROBED = "2 workers ddp"  # its controller reports the packages it imported (tests/training/controller_probe.py)
 
 
 @pytest.fixture(scope="module")
 def runs(train_env, tmp_path_factory):
     import training.run
+    from tests.training.controller_probe import ControllerModules
 
     out = {}
     for name, extra in {**RUNS, **BF16}.items():
         with pytest.MonkeyPatch.context() as patch:
             if name == DEV_ON_THE_DRIVER:
                 extra = (*extra, f"eval.data_dir={_dev_read_once_then_gone(tmp_path_factory, patch)}")
-            out[name] = training.run.run_training(tiny_config(train_env, name.replace(" ", "-"), *COMMON, *extra))
+            probe = [ControllerModules(str(train_env / "controller_modules.json"))] if name == PROBED else None
+            out[name] = training.run.run_training(tiny_config(train_env, name.replace(" ", "-"), *COMMON, *extra),
+                                                  callbacks=probe)
     return out
 
 
@@ -169,3 +173,11 @@ def test_a_run_on_the_local_ray_starts_no_helper_it_does_not_use(runs):
     started = {a["ActorClassName"] for a in actors().values()}
     assert {"TrainController", "RayTrainWorker", "SynchronizationActor"} <= started
     assert not started & {"DatasetManager", "PlacementGroupCleaner", "PreemptionWatcher"}
+
+
+def test_the_controller_of_a_run_never_imports_torch(runs, train_env):
+    """The controller only tells the workers what to call (training/process_group.py): torch, and the encoder stack
+    with it, load in the workers alone (Ray's own TorchConfig would load torch there, ~2 s of CPU in series before
+    any worker starts). The two-worker DDP run above set up its gloo group and trained through it."""
+    assert json.loads((train_env / "controller_modules.json").read_text()) == []
+    assert runs[PROBED]["metrics"]["steps"] == STEPS
