@@ -95,14 +95,14 @@ def submit_once(head, job: list[str], workdir: Path, name: str, tree: Path) -> d
             "job_breakdown_s": (result or {}).get("startup")}
 
 
-def measure(tree: Path, repeats: int, in_process: bool = True) -> dict:
+def measure(tree: Path, repeats: int, in_process: bool = True, only: set[str] | None = None) -> dict:
     from runtime.local_head import LocalHead, head_env
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp, LocalHead(head_env()) as head:
         workdir = Path(tmp)
         for label, job in jobs(workdir, tree).items():
-            if label.endswith("in process") and not in_process:
+            if (label.endswith("in process") and not in_process) or (only and label not in only):
                 continue
             runs = []
             for attempt in range(repeats + 1):
@@ -156,13 +156,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one warm submission per job")
     parser.add_argument("--no-in-process", action="store_true", help="leave out the trainer.num_workers=0 jobs (a "
                         "tree from before they existed)")
+    parser.add_argument("--only", default="", help="comma-separated jobs to submit (e.g. 'tiny,empty'; default: all)")
     args = parser.parse_args()
+    only = {name.strip() for name in args.only.split(",") if name.strip()}
     if not STSB.exists():
         sys.exit(f"needs STS-B train at {STSB} (set RAOE_DEV_DATA)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from benchmarks.common import RESULTS, machine, write_results
 
-    results = measure(args.tree.resolve(), 1 if args.quick else args.repeats, not args.no_in_process)
+    results = measure(args.tree.resolve(), 1 if args.quick else args.repeats, not args.no_in_process, only)
     if args.label != "after":
         RESULTS.mkdir(parents=True, exist_ok=True)
         path = RESULTS / f"startup_{args.label}.json"
