@@ -17,8 +17,10 @@ import pytest
 
 pytestmark = pytest.mark.reliability
 ROOT = Path(__file__).resolve().parents[2]
+# both nodes of the local cluster are this machine: its disk is a file system every node mounts at the same path
 COMMON = ("data.max_rows=120", "trainer.global_batch_size=32", "trainer.max_steps=6", "trainer.eval_every=1",
-          "trainer.lr=1e-3", "model.dropout=0.1", "trainer.chunk_size=8", "trainer.cpus_per_worker=1.0")
+          "trainer.lr=1e-3", "model.dropout=0.1", "trainer.chunk_size=8", "trainer.cpus_per_worker=1.0",
+          "shared_filesystem=true")
 
 
 def scenario(root: str) -> None:
