@@ -25,9 +25,17 @@ AGENT_NOT_READY = "No available agent to submit job"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports on 127.0.0.1: each socket stays bound until all are taken (ports asked for one
+    at a time may repeat, and a head given one port for two of its servers does not start)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def head_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -49,7 +57,8 @@ class LocalHead:
     def __init__(self, env: dict[str, str], num_cpus: int = 2):
         # Stopped at once: Ray's graceful drain would wait up to 30 s for running work first.
         self.env, self.num_cpus = {**env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}, num_cpus
-        self.dashboard = free_port()
+        self.dashboard, *others = free_ports(4)  # the dashboard, GCS, dashboard agent and Ray client servers
+        self._ports = dict(zip(("gcs", "agent", "client"), others))
         self.address = f"http://127.0.0.1:{self.dashboard}"
         self.returncode: int | None = None
         self._head: subprocess.Popen | None = None
@@ -57,9 +66,11 @@ class LocalHead:
 
     def __enter__(self) -> LocalHead:
         cmd = [str(VENV_BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
-               "--port", str(free_port()), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard),
+               "--port", str(self._ports["gcs"]), "--dashboard-host", "127.0.0.1",
+               "--dashboard-port", str(self.dashboard),
                # Ray's fixed defaults for these are taken when another Ray runs on the machine
-               "--dashboard-agent-listen-port", str(free_port()), "--ray-client-server-port", str(free_port()),
+               "--dashboard-agent-listen-port", str(self._ports["agent"]),
+               "--ray-client-server-port", str(self._ports["client"]),
                "--num-cpus", str(self.num_cpus), "--disable-usage-stats",
                "--system-config", json.dumps(LOCAL_SYSTEM_CONFIG)]
         self._head = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -34,6 +34,20 @@ class KillWorkerAfterStep:
 
 
 @dataclass(frozen=True)
+class PauseAfterStep:
+    """Every worker sleeps ``seconds`` after ``step`` (its checkpoint reported), once: not in a run that resumed. A
+    window in which a test's own fault (a lost node, a killed driver) lands between two known steps, however fast the
+    machine trains."""
+
+    step: int
+    seconds: float
+
+    def __call__(self, *, step: int, rank: int, world: int, resumed: bool) -> None:
+        if not resumed and step == self.step:
+            time.sleep(self.seconds)
+
+
+@dataclass(frozen=True)
 class ShrinkAfterStep:
     """Elastic runs: after ``step`` the last worker has a placeholder actor claim ``cpus`` of the cluster for
     ``hold_s`` seconds (queued until the group frees them), then SIGKILLs its own process, once: Ray Train restarts

@@ -54,6 +54,21 @@ def test_a_head_that_fails_to_start_is_reported_with_its_last_lines(tmp_path, mo
             pass
 
 
+def test_the_heads_servers_are_given_distinct_ports(tmp_path, monkeypatch):
+    """Its GCS, dashboard, dashboard agent and Ray client ports, taken together (one at a time, two could be the same
+    port, and `ray start` refuses that: a reliability run met it)."""
+    monkeypatch.setattr(local_head, "VENV_BIN", tmp_path)
+    _fake_ray(tmp_path, f'echo "$@" > {tmp_path / "args"}\nexit 3\n')
+    for _ in range(20):
+        with pytest.raises(RuntimeError, match="exited with 3"):
+            with LocalHead(head_env()):
+                pass
+        args = (tmp_path / "args").read_text().split()
+        flags = ("--port", "--dashboard-port", "--dashboard-agent-listen-port", "--ray-client-server-port")
+        ports = [int(args[args.index(flag) + 1]) for flag in flags]
+        assert len(set(ports)) == 4 and min(ports) > 0, ports
+
+
 def test_the_head_goes_with_its_process_group_and_nothing_else(tmp_path, monkeypatch):
     """The head runs in a process group of its own and is stopped by a signal: what it started goes with it, a
     process that ignores SIGTERM too (killed with the group), and a process outside the group stays."""

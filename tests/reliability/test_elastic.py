@@ -1,5 +1,6 @@
 """Elastic training loses a node: a tiny Stage 1 job with ``trainer.num_workers: [1, 2]`` on a two-node local cluster
-(one CPU each, one worker per node) loses the second node after step 3; Ray Train restarts the group from the last
+(one CPU each, one worker per node) loses the second node after step 3 (the workers held there until it is gone:
+training.faults.PauseAfterStep); Ray Train restarts the group from the last
 checkpoint on the one worker left, and the run ends with the losses of an uninterrupted one-worker run (the same
 chunks, so the same dropout masks). Marker ``reliability``: about 2 minutes, in its own process and cluster."""
 
@@ -30,6 +31,7 @@ def scenario(root: str) -> None:
 
     from runtime.local_ray import apply_safe_local_env, worker_env
     from tests.training.conftest import metric_by_step, tiny_config
+    from training.faults import PauseAfterStep
     from training.run import run_training
 
     root = Path(root)
@@ -46,8 +48,9 @@ def scenario(root: str) -> None:
         reference = run_training(tiny_config(root, "uninterrupted", *COMMON, "trainer.num_workers=1"))
         threading.Thread(target=_remove_after, args=(cluster, node, "elastic", 3), daemon=True).start()
         started = time.time()
+        # the workers wait after step 3 until the node is gone (a tiny step takes ~0.1 s: the run would end first)
         elastic = run_training(tiny_config(root, "elastic", *COMMON, "trainer.num_workers=[1, 2]",
-                                           "trainer.max_failures=3"))
+                                           "trainer.max_failures=3"), after_step=(PauseAfterStep(3, 60.0),))
         out = {"seconds": time.time() - started,
                "reference": metric_by_step(reference["run_id"], "train_loss"),
                "elastic": metric_by_step(elastic["run_id"], "train_loss"),

@@ -88,9 +88,13 @@ def check_same_end(env, reference, result) -> dict:
     return {"steps_replayed": len(logged) - STEPS, "final_loss": final[STEPS], "reference_loss": ref_losses[STEPS]}
 
 
+# the job script with its workers pausing after a step, so that a fault aimed at that step lands before the job ends
+PAUSED = ["tests/reliability/paused_job.py", "5", "120"]
+
+
 def test_driver_killed_and_resubmitted(place, reference):
     root, env = place
-    proc = subprocess.Popen([sys.executable, *job_args(root, "driver-killed")], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, *PAUSED, *job_args(root, "driver-killed")], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     wait_for_step(env, "driver-killed", 5)
     # the job's process group, as a lost machine would: the driver and the local Ray it started (killing the
@@ -120,7 +124,7 @@ def test_head_restarted_and_resubmitted(place, reference):
     with LocalHead(clean) as head:
         cmd = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", head.address, "--no-wait",
                "--working-dir", ".", "--runtime-env-json", json.dumps({"env_vars": job_env}), "--", "python",
-               *job_args(root, "head-restarted")]
+               *PAUSED, *job_args(root, "head-restarted")]
         for _ in range(10):  # the head's job agent may not be up yet (LocalHead.submit repeats the same way)
             done = subprocess.run(cmd, cwd=ROOT, env=head.env, capture_output=True, text=True, timeout=300)
             if done.returncode == 0 or AGENT_NOT_READY not in done.stdout + done.stderr:
