@@ -57,8 +57,7 @@ class LocalHead:
     def __init__(self, env: dict[str, str], num_cpus: int = 2):
         # Stopped at once: Ray's graceful drain would wait up to 30 s for running work first.
         self.env, self.num_cpus = {**env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}, num_cpus
-        self.dashboard, *others = free_ports(4)  # the dashboard, GCS, dashboard agent and Ray client servers
-        self._ports = dict(zip(("gcs", "agent", "client"), others))
+        self.dashboard, self._gcs_port, self._agent_port, self._client_port = free_ports(4)
         self.address = f"http://127.0.0.1:{self.dashboard}"
         self.returncode: int | None = None
         self._head: subprocess.Popen | None = None
@@ -66,11 +65,11 @@ class LocalHead:
 
     def __enter__(self) -> LocalHead:
         cmd = [str(VENV_BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
-               "--port", str(self._ports["gcs"]), "--dashboard-host", "127.0.0.1",
+               "--port", str(self._gcs_port), "--dashboard-host", "127.0.0.1",
                "--dashboard-port", str(self.dashboard),
                # Ray's fixed defaults for these are taken when another Ray runs on the machine
-               "--dashboard-agent-listen-port", str(self._ports["agent"]),
-               "--ray-client-server-port", str(self._ports["client"]),
+               "--dashboard-agent-listen-port", str(self._agent_port),
+               "--ray-client-server-port", str(self._client_port),
                "--num-cpus", str(self.num_cpus), "--disable-usage-stats",
                "--system-config", json.dumps(LOCAL_SYSTEM_CONFIG)]
         self._head = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
