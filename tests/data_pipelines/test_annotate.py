@@ -27,7 +27,9 @@ def _run_in_this_process(sets: list[str], tmp_path, monkeypatch, capsys) -> dict
         import annotate as job
     finally:
         sys.path.remove(str(ROOT / "ray_jobs"))
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    from tests.conftest import mlflow_store
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store(tmp_path))
     monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     cfg = load_config(job.AnnotateJobConfig, ROOT / "configs" / "tiny" / "annotate.yaml", sets)
     capsys.readouterr()
@@ -40,6 +42,8 @@ def _run_in_this_process(sets: list[str], tmp_path, monkeypatch, capsys) -> dict
 # and Ray start), writing its outputs to object storage (the local S3 endpoint).
 @pytest.mark.parametrize("pools", ["shared", "separate"])
 def test_annotate_job_scores_equal_direct_teacher_cosines(tmp_path, pools, monkeypatch, capsys, request):
+    from tests.conftest import mlflow_store
+
     pairs = [
         {"text1": "a man is playing music", "text2": "a person plays a guitar", "label": "entailment"},
         {"text1": "a man is playing music", "text2": "a dog sleeps", "label": "contradiction"},
@@ -59,7 +63,7 @@ def test_annotate_job_scores_equal_direct_teacher_cosines(tmp_path, pools, monke
                *[arg for value in sets for arg in ("--set", value)]]
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT,
-                              env={**env, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+                              env={**env, "MLFLOW_TRACKING_URI": mlflow_store(tmp_path),
                                    "RAOE_MLFLOW_ARTIFACTS": str(tmp_path / "artifacts")})
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = json.loads(proc.stdout.strip().splitlines()[-1])

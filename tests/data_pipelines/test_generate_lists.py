@@ -137,7 +137,9 @@ def test_a_run_that_writes_no_list_does_not_report_ok(job, tmp_path, monkeypatch
         f"data.train={PAIRS}", f"output_dir={tmp_path}", "tracking.experiment=raoe-test", "lists.model=tiny:qwen2-lm",
         "lists.steps=1", "lists.clusters=2", "lists.per_cluster=2", "lists.compare_lists=0", "lists.actors=1",
         "lists.batch_size=4"])
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    from tests.conftest import mlflow_store
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store(tmp_path))
     monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     run_job(lambda: job.main(cfg), "generate_lists")
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

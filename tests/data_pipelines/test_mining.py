@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import private_stores
+
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ("river stone music light paper garden window winter bread horse cloud silver market ocean engine forest "
          "candle violin desert harbor").split()
@@ -22,13 +24,6 @@ def _mine_job():
     finally:
         sys.path.remove(str(ROOT / "ray_jobs"))
     return mine_negatives
-
-
-def _private_stores(monkeypatch, tmp_path):
-    """The test's own MLflow store and cache."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
-    monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
 
 
 def _pairs(rng, queries=14):
@@ -98,7 +93,7 @@ def test_mined_rows_equal_a_brute_force_reference_with_a_teacher(ray_local, tmp_
     from encoders.sources import resolve_model_source
     from storage.paths import files_under, join, storage_path
 
-    _private_stores(monkeypatch, tmp_path)
+    private_stores(monkeypatch, tmp_path)
     monkeypatch.setenv("RAOE_INDEX_CACHE", s3.uri("indexes"))
     monkeypatch.setenv("RAOE_NODE_CACHE", str(tmp_path / "node"))
     rng = np.random.default_rng(3)
@@ -182,7 +177,7 @@ def test_nli_pairs_mine_among_their_entailments_and_train_as_query_groups(ray_lo
     from encoders.sources import resolve_model_source
     from storage.paths import storage_path
 
-    _private_stores(monkeypatch, tmp_path)
+    private_stores(monkeypatch, tmp_path)
     monkeypatch.setenv("RAOE_INDEX_CACHE", s3.uri("indexes"))
     monkeypatch.setenv("RAOE_NODE_CACHE", str(tmp_path / "node"))
     job = _mine_job()
@@ -281,7 +276,7 @@ def test_single_positive_queries_mine_what_sentence_transformers_mines(ray_local
     from encoders.sources import resolve_model_source
     from evaluation.corpus_index import CorpusIndex
 
-    _private_stores(monkeypatch, tmp_path)
+    private_stores(monkeypatch, tmp_path)
     rng = np.random.default_rng(11)
     pairs = _pairs(rng)
     data = tmp_path / "pairs.jsonl"
@@ -396,7 +391,7 @@ def test_a_beir_folder_mines_groups_for_its_judged_pairs_among_its_corpus(ray_lo
     from data_pipelines.mining import beir_pairs
     from tests.evaluation.test_retrieval import write_beir
 
-    _private_stores(monkeypatch, tmp_path)
+    private_stores(monkeypatch, tmp_path)
     rng = np.random.default_rng(4)
     corpus = {f"d{i}": " ".join(rng.choice(WORDS, size=5)) for i in range(30)}
     queries = {f"q{i}": " ".join(rng.choice(WORDS, size=3)) for i in range(8)}

@@ -122,9 +122,10 @@ def test_a_model_kept_on_object_storage_is_logged_and_registered_from_there(s3, 
     from encoders.sources import resolve_model_source
     from runtime.tracking_store import ensure_experiment
     from storage.paths import local_copy
+    from tests.conftest import mlflow_store
     from tracking.model_registry import log_and_register
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store(tmp_path))
     monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))
     local = export_encoder(build_encoder(resolve_model_source("tiny:bert")), tmp_path / "model")

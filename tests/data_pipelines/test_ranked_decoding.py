@@ -108,7 +108,9 @@ def test_generate_lists_job_accounts_for_every_seed(tmp_path, monkeypatch, s3):
     cfg = load_config(job.GenerateListsJobConfig, root / "configs" / "tiny" / "generate_lists.yaml", [
         f"data.train={pairs}", f"output_dir={s3.uri('lists')}", "tracking.experiment=raoe-test",
         "lists.actors=1"])  # one actor per pool: the rows come back in another order through the reversal below
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    from tests.conftest import mlflow_store
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store(tmp_path))
     monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     generate = job._generate
     monkeypatch.setattr(job, "_generate", lambda *args: generate(*args).iloc[::-1])

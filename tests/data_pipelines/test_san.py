@@ -166,7 +166,9 @@ def test_job_keeps_every_valid_anchor(ray_local, tmp_path, monkeypatch, s3):
     cfg = job.GenerateSanJobConfig(data={"train": s3.upload(corpus, "wiki.txt"), "on_bad_record": "quarantine"},
                                    san={"model": "tiny:bert-mlm", "iterations": 2, "cpus_per_actor": 0.5},
                                    output_dir=s3.uri("san"), tracking={"experiment": "raoe-test"})
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    from tests.conftest import mlflow_store
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store(tmp_path))
     monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     result = job.main(cfg)
     assert result["rows_in"] == 35 and result["rows_quarantined"] == 3  # '?!', bad UTF-8, '...'

@@ -69,7 +69,9 @@ def test_simultaneous_registrations_and_promotions(tmp_path, monkeypatch):
     import mlflow
     from mlflow import MlflowClient
 
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    from tests.conftest import mlflow_store
+
+    store = mlflow_store(tmp_path)
     env = {**os.environ, "MLFLOW_TRACKING_URI": store, "RAOE_MLFLOW_ARTIFACTS": str(tmp_path / "artifacts"),
            "HF_HUB_OFFLINE": "1"}
     for key in ("MLFLOW_TRACKING_URI", "RAOE_MLFLOW_ARTIFACTS"):

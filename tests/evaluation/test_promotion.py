@@ -32,7 +32,9 @@ def test_first_version_becomes_champion():
 
 @pytest.fixture
 def registry(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    from tests.conftest import mlflow_store
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store(tmp_path))
     monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     monkeypatch.setenv("RAOE_CACHE", str(tmp_path / "cache"))  # downloads of this store only
     import tracking.promotion

@@ -434,7 +434,9 @@ def _evaluate_job_on(task: str, model, tmp_path, monkeypatch, s3) -> dict:
         import evaluate as job
     finally:
         sys.path.remove(jobs)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    from tests.conftest import mlflow_store
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store(tmp_path))
     monkeypatch.setenv("RAOE_MLFLOW_ARTIFACTS", str(tmp_path / "artifacts"))
     cfg = load_config(job.EvaluateJobConfig, None, [
         f"model.source={model}", f"eval.retrieval=[{task}]", f"eval.data_dir={tmp_path / 'no-sts'}",

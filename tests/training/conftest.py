@@ -14,7 +14,9 @@ def train_env(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("train")
     saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "RAOE_MLFLOW_ARTIFACTS")}
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / 'mlflow.db'}"
+    from tests.conftest import mlflow_store
+
+    os.environ["MLFLOW_TRACKING_URI"] = mlflow_store(root)
     os.environ["RAOE_MLFLOW_ARTIFACTS"] = str(root / "artifacts")
     shared_ray()
     yield root

@@ -19,7 +19,9 @@ def sweep_env(tmp_path_factory, dev_data_module):
 
     root = tmp_path_factory.mktemp("sweep")
     saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "RAOE_MLFLOW_ARTIFACTS")}
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / 'mlflow.db'}"
+    from tests.conftest import mlflow_store
+
+    os.environ["MLFLOW_TRACKING_URI"] = mlflow_store(root)
     os.environ["RAOE_MLFLOW_ARTIFACTS"] = str(root / "artifacts")
     with own_ray(num_cpus=2):
         yield root
