@@ -3,6 +3,7 @@
 import atexit
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -271,6 +272,44 @@ def pytest_xdist_make_scheduler(config, log):
 
     config.option.loadscopereorder = False
     return WholeUnits(config, log)
+
+
+# A test over 30 s (its call, or the set-up of the module fixtures it is the first to use) says why in its docstring,
+# or in that fixture's: a cost in seconds, e.g. "About 60 s: four actor pools start". Timings differ between
+# machines, so this is reported under the run's durations, never failed on.
+SLOW_S = 30.0
+COST_SAID = re.compile(r"\d\s?(?:s|seconds|minutes?)\b")
+
+
+def _says_its_cost(item, when: str) -> bool:
+    docs = [getattr(getattr(item, "function", None), "__doc__", None)]
+    if when == "setup":
+        docs += [definition.func.__doc__ for definitions in item._fixtureinfo.name2fixturedefs.values()
+                 for definition in definitions]
+    return any(COST_SAID.search(doc) for doc in docs if doc)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.when in ("setup", "call") and call.duration > SLOW_S and not _says_its_cost(item, call.when):
+        report.user_properties.append(("slow_without_a_reason", call.when))  # reaches xdist's controller
+
+
+_SLOW_WITHOUT_A_REASON: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    if any(name == "slow_without_a_reason" for name, _ in report.user_properties):
+        _SLOW_WITHOUT_A_REASON.append(f"{report.duration:.1f}s {report.when} {report.nodeid}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _SLOW_WITHOUT_A_REASON:
+        terminalreporter.section(f"over {SLOW_S:.0f} s without saying why in a docstring (the test's or its fixture's)")
+        for line in _SLOW_WITHOUT_A_REASON:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -42,6 +42,8 @@ def _run_in_this_process(sets: list[str], tmp_path, monkeypatch, capsys) -> dict
 # and Ray start), writing its outputs to object storage (the local S3 endpoint).
 @pytest.mark.parametrize("pools", ["shared", "separate"])
 def test_annotate_job_scores_equal_direct_teacher_cosines(tmp_path, pools, monkeypatch, capsys, request):
+    """The job's scores are the teacher's cosines computed here, bad rows set aside. About 45 s here for "shared" (a
+    process of its own that starts and stops a Ray, then the teacher pools), 25 s for "separate"."""
     from tests.conftest import mlflow_store
 
     pairs = [

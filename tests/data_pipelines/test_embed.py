@@ -109,7 +109,8 @@ def test_a_beir_corpus_on_object_storage_embeds_by_its_ids_and_sets_bad_rows_asi
     """A BEIR folder's corpus.jsonl read from and written to S3: ids are the documents' _id, texts "title text"; a row
     without _id goes to quarantine/ (on_bad_record: quarantine), or stops the job naming its line (fail). The actors
     encode with an export of the model (embed.runtime: OpenVINO, built once into the cache): encode_document's
-    vectors all the same, and a folder of them takes no torch-made vectors."""
+    vectors all the same, and a folder of them takes no torch-made vectors. About 40 s here: the model is exported to
+    OpenVINO once and the job runs three times (one whole run with its actor pool, two refused)."""
     from encoders.backbone import load_encoder
     from encoders.sources import resolve_model_source
     from storage.paths import storage_path

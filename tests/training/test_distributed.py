@@ -43,6 +43,9 @@ PROBED = "2 workers ddp"  # its controller reports the packages it imported (tes
 
 @pytest.fixture(scope="module")
 def runs(train_env, tmp_path_factory):
+    """Every run of RUNS and BF16, once for the module. About 170 s here: four of them start a group of two Ray Train
+    workers (two processes importing the encoder stack, and DeepSpeed for ZeRO), 30-40 s each on 2 cores; the two in
+    this process take a few seconds."""
     import training.run
     from tests.training.controller_probe import ControllerModules
 

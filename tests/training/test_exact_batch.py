@@ -258,6 +258,8 @@ TWO = [Scenario(k) for k in KINDS] + [Scenario(k, cached=True) for k in KINDS] +
 
 @pytest.fixture(scope="module")
 def steps():
+    """Every scenario on one process, then on a group of two. About 35 s here: three spawned processes import the
+    training stack and run every scenario."""
     return {1: run_group(1, ONE), 2: run_group(2, TWO)}
 
 

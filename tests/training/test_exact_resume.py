@@ -63,6 +63,8 @@ def _kill_a_worker_after(run_name: str, step: int, timeout: float = 600) -> dict
 # DDP in make test; the DeepSpeed variant (the same contract, 75 s more) with the fault matrix's long variants
 @pytest.fixture(scope="module", params=["ddp", pytest.param("zero-2", marks=pytest.mark.reliability)])
 def resumed(request, train_env, s3_server):
+    """The uninterrupted run and the killed one. About 120 s here: three groups of two Ray Train workers start (the
+    uninterrupted run, the killed run, and its restart after the kill)."""
     from tests.conftest import new_bucket
     from training.run import run_training
 

@@ -26,7 +26,8 @@ def _logged_steps(run_id: str) -> list[int]:
 @pytest.fixture(scope="module")
 def resubmitted(train_env):
     """A run on 2 workers whose worker dies after step 4 with no restarts allowed (the job fails), its step-4
-    checkpoint then truncated on disk (a half-written file), and the same run name submitted again on 1 worker."""
+    checkpoint then truncated on disk (a half-written file), and the same run name submitted again on 1 worker.
+    About 65 s here: two groups of Ray Train workers start, the failed run's two and the resubmission's one."""
     from training.run import run_training
 
     with pytest.raises(ray.train.TrainingFailedError):  # no restarts allowed: the job fails after step 4

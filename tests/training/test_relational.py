@@ -32,6 +32,8 @@ def relational_config(root, name, *overrides):
 
 @pytest.fixture(scope="module")
 def runs(train_env):
+    """RUNS, once for the module. About 85 s here: two of them start a group of two Ray Train workers (ZeRO-2, DDP);
+    the one in this process takes a few seconds."""
     from tests.conftest import DEV_DATA
     from training.run import run_training
 

@@ -109,7 +109,7 @@ def _config(root, name, *overrides):
 def unsupervised_runs(train_env, tmp_path_factory):
     """The SAN corpus with every 4th anchor left without a negative (as generate_san keeps anchors its guard
     refused), aligned negatives at their own dropout p2 = 0.2: on 1 worker (in the test's process), and on 2 Ray Train
-    workers with one killed mid-run."""
+    workers with one killed mid-run. About 65 s here: the two-worker run starts its group of workers twice."""
     from training.run import run_training
 
     rows = [json.loads(line) for line in SAN.read_text().splitlines()]

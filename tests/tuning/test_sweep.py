@@ -59,6 +59,8 @@ def _spec(root: Path):
 
 @pytest.fixture(scope="module")
 def swept(sweep_env):
+    """The sweep of _spec, once for the module. About 80 s here: a Ray of its own, and two trials at once, each a Ray
+    Train run whose workers start and import the encoder stack (~20 s of start-up a trial)."""
     from tuning.sweep import run_sweep
 
     return run_sweep(_spec(sweep_env))
