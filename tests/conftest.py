@@ -283,8 +283,9 @@ COST_SAID = re.compile(r"\d\s?(?:s|seconds|minutes?)\b")
 
 def _says_its_cost(item, when: str) -> bool:
     docs = [getattr(getattr(item, "function", None), "__doc__", None)]
-    if when == "setup":
-        docs += [definition.func.__doc__ for definitions in item._fixtureinfo.name2fixturedefs.values()
+    fixtures = getattr(item, "_fixtureinfo", None)  # a test function's (pytest's own record of its fixtures)
+    if when == "setup" and fixtures is not None:
+        docs += [definition.func.__doc__ for definitions in fixtures.name2fixturedefs.values()
                  for definition in definitions]
     return any(COST_SAID.search(doc) for doc in docs if doc)
 
