@@ -2,6 +2,7 @@
 
 import atexit
 import contextlib
+import functools
 import os
 import re
 import shutil
@@ -106,7 +107,15 @@ def job_module(name: str):
         sys.path.remove(str(ROOT / "ray_jobs"))
 
 
-_EMPTY_MLFLOW_STORE: list[Path] = []  # this session's empty store, made on first use
+@functools.cache
+def _empty_mlflow_store() -> Path:
+    """This session's empty MLflow store, made (created and migrated) on first use."""
+    from mlflow import MlflowClient
+
+    empty = Path(tempfile.mkdtemp(prefix="raoe-empty-mlflow-")) / "mlflow.db"
+    atexit.register(shutil.rmtree, empty.parent, ignore_errors=True)
+    MlflowClient(f"sqlite:///{empty}").search_experiments()
+    return empty
 
 
 def mlflow_store(folder: Path, name: str = "mlflow.db") -> str:
@@ -114,15 +123,8 @@ def mlflow_store(folder: Path, name: str = "mlflow.db") -> str:
     MLflow makes a new sqlite store by running each of its schema migrations, 1.5-2.5 s of CPU wherever the file is
     first opened (this process, a job's, a Ray worker's), once per test; a copy of an empty migrated store is the
     same store without that. (The job tests that make their own store, test_local_head's, still do.)"""
-    if not _EMPTY_MLFLOW_STORE:
-        from mlflow import MlflowClient
-
-        empty = Path(tempfile.mkdtemp(prefix="raoe-empty-mlflow-")) / "mlflow.db"
-        atexit.register(shutil.rmtree, empty.parent, ignore_errors=True)
-        MlflowClient(f"sqlite:///{empty}").search_experiments()  # creates and migrates it
-        _EMPTY_MLFLOW_STORE.append(empty)
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(_EMPTY_MLFLOW_STORE[0], folder / name)
+    shutil.copyfile(_empty_mlflow_store(), folder / name)
     return f"sqlite:///{folder / name}"
 
 

@@ -10,12 +10,10 @@ TINY_NLI = ROOT / "configs" / "tiny" / "data" / "nli_pairs.jsonl"
 @pytest.fixture(scope="package")
 def train_env(tmp_path_factory):
     """A private MLflow store and run storage for the training tests, on the shared local Ray (2 CPUs)."""
-    from tests.conftest import shared_ray
+    from tests.conftest import mlflow_store, shared_ray
 
     root = tmp_path_factory.mktemp("train")
     saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "RAOE_MLFLOW_ARTIFACTS")}
-    from tests.conftest import mlflow_store
-
     os.environ["MLFLOW_TRACKING_URI"] = mlflow_store(root)
     os.environ["RAOE_MLFLOW_ARTIFACTS"] = str(root / "artifacts")
     shared_ray()

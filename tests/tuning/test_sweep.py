@@ -15,12 +15,10 @@ GRID = {"objective.rank_margin.margin": [1, 2], "objective.rank_margin.tau": [20
 
 @pytest.fixture(scope="module")
 def sweep_env(tmp_path_factory, dev_data_module):
-    from tests.conftest import own_ray
+    from tests.conftest import mlflow_store, own_ray
 
     root = tmp_path_factory.mktemp("sweep")
     saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "RAOE_MLFLOW_ARTIFACTS")}
-    from tests.conftest import mlflow_store
-
     os.environ["MLFLOW_TRACKING_URI"] = mlflow_store(root)
     os.environ["RAOE_MLFLOW_ARTIFACTS"] = str(root / "artifacts")
     with own_ray(num_cpus=2):
