@@ -15,7 +15,7 @@ What is measured (random-initialised models of the real shapes, so no download i
 3. A Qwen2.5-7B-shaped LoRA step (bf16 base, r = 16 on every linear, gradient checkpointing, prompt + last token):
    1,024 prompted texts in micro-batches. bitsandbytes is not on the GPU machine, so this is LoRA on a bf16 base, not
    QLoRA: scaling.py's NF4 dequantisation factor stays an assumption.
-The data wait per step needs Ray Data, which the GPU machine does not have: it is not measured here.
+The data wait per step, and the step as the worker's own Stepper runs it on real tokens: benchmarks/gpu_loop.py.
 """
 
 from __future__ import annotations
@@ -345,7 +345,8 @@ def report(measured: Path) -> None:
                   f"{llm['peak_gpu_gib']:.1f} GiB. Stage 1 (5 epochs, {STAGE1_STEPS:,} steps) on this one GPU: "
                   f"{llm['stage1_hours_one_gpu']:.1f} h. A 4-bit (QLoRA) base adds the NF4 dequantisation, which "
                   "scaling.md assumes at 1.4x: bitsandbytes is not on the GPU machine."]
-    lines += ["", "Not measured: the data wait per step (needs Ray Data, which the GPU machine lacks).", ""]
+    lines += ["", "The data wait per step, and this step run by the worker's own Stepper and feed on real tokens: "
+              "[gpu_loop.md](gpu_loop.md).", ""]
     path = write_results("gpu_step", r, "\n".join(lines))
     print("\n".join(lines))
     print(json.dumps({"benchmark": "gpu_step", "results": str(path)}))

@@ -107,8 +107,27 @@ def _measured_on_gpu(bert_plan: dict, qwen_plan: dict) -> list[str]:
         f"- The RAOE composite (sorted forms) at B = 512: {raoe_512['seconds'] * 1000:.1f} ms, "
         f"{100 * raoe_512['seconds'] / bert['step_seconds']:.0f}% of that BERT-base step, and about as long up to "
         f"B = 65,536 ({raoe_64k['seconds'] * 1000:.1f} ms): it is bound by kernel launches, not arithmetic.",
+        *_loop_on_gpu(),
         "",
     ]
+
+
+def _loop_on_gpu() -> list[str]:
+    """The same step as a worker runs it (benchmarks/gpu_loop.py), when that has run."""
+    import statistics
+
+    path = RESULTS / "gpu_loop.json"
+    if not path.exists():
+        return []
+    cells = [c for c in json.loads(path.read_text())["cells"]
+             if c.get("batch") == 512 and not c.get("cached") and "error" not in c]
+    step = {feed: statistics.median(c["step_seconds"] for c in cells if c["feed"] == feed)
+            for feed in ("thread", "process")}
+    steps = 5 * 942_854 // 512
+    return [f"- That step as raoe's worker runs it (its Stepper and feed, real tokens; benchmarks/results/gpu_loop.md): "
+            f"{step['thread'] * 1000:.0f} ms with the prefetch thread, Stage 1 in {steps * step['thread'] / 60:.0f} min; "
+            f"{step['process'] * 1000:.0f} ms with the input prepared in a child process (a prototype), "
+            f"{steps * step['process'] / 60:.0f} min."]
 
 
 def main() -> None:
