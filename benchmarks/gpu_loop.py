@@ -112,8 +112,60 @@ def corpus_take_ms(columns: dict[str, list], rows: int, repeats: int = 20) -> fl
         ray.shutdown()
 
 
+def _python_rate(seconds: float) -> int:
+    """Iterations of a pure-Python loop in ``seconds``: how much of the interpreter this thread gets."""
+    count, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        count += 1
+    return count
+
+
+def _keep_tokenising(tokenise, steps: list[list[str]], stop) -> None:
+    while not stop.is_set():
+        for texts in steps:
+            tokenise(texts)
+
+
+def tokenising_interpreter_share(columns: dict[str, list], rounds: int = 12) -> dict:
+    """Why a step slows beside the feed's thread: the tokenising of a step's texts as the feed prepares them
+    (``BatchContext.tokenized``) against the Rust tokeniser's own ``encode_batch`` of the same texts (which runs without
+    the interpreter lock), each alone, then each in a thread beside a pure-Python loop (a step's kernel launches are
+    Python): the share of its rate that loop keeps."""
+    import threading
+
+    import torch
+
+    from encoders.backbone import build_encoder
+    from encoders.sources import resolve_model_source
+    from training.kinds import BatchContext
+
+    model = build_encoder(resolve_model_source(TOKENIZER_SOURCE), max_length=MAX_LENGTH)
+    batches = BatchContext(module=model, model=model, device=torch.device("cpu"), length_buckets=2)
+    steps = [columns["text1"][s:s + STAGE1_PAIRS] + columns["text2"][s:s + STAGE1_PAIRS]
+             for s in range(0, rounds * STAGE1_PAIRS, STAGE1_PAIRS)]
+    ways = {"feed": lambda texts: batches.tokenized([(texts, None, None)]),
+            "rust_encode_batch": lambda texts: model.tokenizer._tokenizer.encode_batch(texts)}
+    out = {}
+    for name, tokenise in ways.items():
+        times = []
+        for texts in steps:
+            started = time.perf_counter()
+            tokenise(texts)
+            times.append(time.perf_counter() - started)
+        stop = threading.Event()
+        alone = _python_rate(1.0)
+        thread = threading.Thread(target=_keep_tokenising, args=(tokenise, steps, stop))
+        thread.start()
+        beside = _python_rate(2.0) / 2
+        stop.set()
+        thread.join()
+        out[name] = {"ms": 1000 * statistics.median(times), "python_rate_kept": beside / alone}
+    return out
+
+
 def prepare() -> None:
-    """The pairs, BERT-base's tokenizer files, and the corpus take timed here."""
+    """The pairs, BERT-base's tokenizer files, and the corpus take and the tokenising's hold on the interpreter timed
+    here."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -126,9 +178,11 @@ def prepare() -> None:
     for name in TOKENIZER_FILES:
         shutil.copy(source / name, tokenizer / name)
     take = {str(b): corpus_take_ms(columns, b) for b in (STAGE1_PAIRS, 4096)}
+    share = tokenising_interpreter_share(columns)
     (PREPARED / "pairs.json").write_text(json.dumps(columns))
-    (PREPARED / "take_here.json").write_text(json.dumps({"corpus_take_ms": take, "machine": _machine_here()}))
-    print(f"{len(columns['text1'])} pairs, tokenizer and corpus take ({take} ms) -> {PREPARED}")
+    (PREPARED / "take_here.json").write_text(json.dumps({"corpus_take_ms": take, "tokenising": share,
+                                                          "machine": _machine_here()}))
+    print(f"{len(columns['text1'])} pairs, tokenizer, corpus take ({take} ms), tokenising ({share}) -> {PREPARED}")
 
 
 def _machine_here() -> dict:
@@ -387,6 +441,16 @@ def report(measured: Path) -> None:
                   "training process's interpreter with the step's kernel launches and costs the step "
                   f"{(step['thread'] - step['process']) * 1000:.0f} ms of its own. The child process is a prototype in "
                   "this file, not raoe's feed."]
+    held = here.get("tokenising")
+    if held:
+        feed, rust = held["feed"], held["rust_encode_batch"]
+        lines.append(f"- Why, measured on the development machine: the feed's tokenising of a step's texts takes "
+                     f"{feed['ms']:.1f} ms there, of which the Rust tokeniser's own `encode_batch` (which runs without "
+                     f"the interpreter's lock) is {rust['ms']:.1f} ms; the rest (sentence-transformers' and "
+                     "transformers' Python: padding, lists, tensors) holds the lock. A pure-Python loop keeps "
+                     f"{feed['python_rate_kept']:.0%} of its rate beside a thread that tokenises as the feed does, and "
+                     f"{rust['python_rate_kept']:.0%} beside one that runs `encode_batch` alone. A step's kernel "
+                     "launches are such Python.")
     if {"thread", "thread_unpinned"} <= set(feeds):
         lines.append(f"- Not pinning the thread's tensors: {step['thread_unpinned'] * 1000:.1f} ms against "
                      f"{step['thread'] * 1000:.1f} ms pinned ({step['thread'] / step['thread_unpinned']:.2f}x).")
