@@ -15,11 +15,16 @@ SNLI pairs, max length 64. Only the model's weights are random; Stage 1's annota
 0.5 / 0.1 by SNLI label (the step's time does not depend on their values).
 
 What is measured, each cell on the same model after warm-up steps:
-1. **Data wait per step**, ``data_wait_s`` as the loop logs it (``MicroBatchFeed.take_wait``), with the prefetch and
-   without it, at Stage 1's 512 pairs a step; and the tokenising of one step's texts alone.
+1. **Data wait per step**, ``data_wait_s`` as the loop logs it (``MicroBatchFeed.take_wait``), at Stage 1's 512 pairs
+   a step, with the input prepared four ways, in turn, twice: ahead in the feed's thread (``data.prefetch``, raoe's
+   default on GPUs), the same without pinning its tensors, ahead in a child process (a prototype here, not raoe's
+   feed: what the step would gain if the tokenising did not share the training process's interpreter), and in the
+   step. And the tokenising of one step's texts alone.
 2. **Cached embeddings** (``trainer.cache_embeddings``, GradCache) against the direct step: at 512 pairs in chunks of
    128, and at global batches of 2,048, 4,096 and 16,384 pairs in chunks of 512 (the direct step as far as the GPU's
    memory allows: an out-of-memory cell is recorded as such): step time and peak GPU memory.
+``--tiny`` also checks that the four ways of preparing the input give the same loss at every step, each on a
+fresh copy of one model: only where the input is prepared differs between them.
 The corpus's own take (``CorpusRows.take``: Arrow rows from the object store, converted as Ray Data converts them)
 needs Ray, which the GPU machine lacks: ``--prepare`` times it here, on the same pairs, and the report adds it.
 
@@ -354,6 +359,20 @@ def loop_cell(model, device, columns: dict, folder: str, name: str, batch: int, 
     return out
 
 
+def feeds_agree(device, columns: dict, folder: str) -> dict[str, list[float]]:
+    """Each feed on a fresh copy of the same model: the same loss at every step, or the cells would not compare the
+    same work (``--tiny`` runs it)."""
+    from encoders.backbone import build_encoder
+
+    losses = {}
+    for feed in FEEDS:
+        model = build_encoder(folder, pooling="mean", max_length=MAX_LENGTH, device=str(device)).train()
+        losses[feed] = loop_cell(model, device, columns, folder, feed, 16, None, False, feed, 4)["losses"]
+    if any(values != losses["thread"] for values in losses.values()):
+        raise AssertionError(f"the feeds gave different losses: {losses}")
+    return losses
+
+
 def measure(out: Path, tiny: bool) -> None:
     import os
     import platform
@@ -378,6 +397,8 @@ def measure(out: Path, tiny: bool) -> None:
                            "transformers": transformers.__version__}
     with tempfile.TemporaryDirectory() as folder:
         model = build_model(device, tiny, Path(folder))
+        if tiny:
+            results["feeds_agree"] = feeds_agree(device, columns, folder)
         texts = columns["text1"][:STAGE1_PAIRS] + columns["text2"][:STAGE1_PAIRS]
         results["tokenising_ms"] = {str(STAGE1_PAIRS): tokenising_ms(model, device, texts, repeats=10)}
         print(json.dumps({"tokenising_ms": results["tokenising_ms"]}), flush=True)
