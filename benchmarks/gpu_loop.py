@@ -263,8 +263,8 @@ def _child_micro_batch(step: int, micro: int):
 
 
 def process_feed(folder: str, columns: dict, plan):
-    """MicroBatchFeed's rows and tokens prepared in a child process (spawned, its own tokenizer): what the step
-    would gain if the feed did not share the training process's interpreter."""
+    """MicroBatchFeed's rows and tokens prepared in a child process (spawned, its own tokenizer; the tensors come back
+    unpinned): what the step would gain if the feed did not share the training process's interpreter."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -300,6 +300,7 @@ def loop_cell(model, device, columns: dict, folder: str, name: str, batch: int, 
     import numpy as np
     import torch
 
+    import encoders.backbone as backbone
     from jobconfig.schema import TrainerConfig
     from objectives.composite import CompositeObjective, fields_read
     from training.kinds import FIELD_COLUMNS, TRAINING_KINDS, BatchContext
@@ -322,8 +323,6 @@ def loop_cell(model, device, columns: dict, folder: str, name: str, batch: int, 
                            length_buckets=2, fields=fields, sides=kind.sides)
     stepper = Stepper(plan, 42, kind, batches, strategy, CompositeObjective(OBJECTIVE, OBJECTIVE_PARAMS), 0,
                       cache_embeddings=cached)
-    import encoders.backbone as backbone
-
     preprocessed = backbone.preprocessed
     if feed_kind == "thread_unpinned":
         backbone.preprocessed = lambda model, texts, pin=False, side=None, prompts=None: preprocessed(
