@@ -123,7 +123,7 @@ def _loop_on_gpu() -> list[str]:
              if c.get("batch") == 512 and not c.get("cached") and "error" not in c]
     step = {feed: statistics.median(c["step_seconds"] for c in cells if c["feed"] == feed)
             for feed in ("thread", "process")}
-    steps = 5 * 942_854 // 512
+    steps = 5 * NLI_PAIRS // 512  # Stage 1: 5 epochs at batch 512
     return [f"- That step as raoe's worker runs it (its Stepper and feed, real tokens; benchmarks/results/gpu_loop.md): "
             f"{step['thread'] * 1000:.0f} ms with the prefetch thread, Stage 1 in {steps * step['thread'] / 60:.0f} min; "
             f"{step['process'] * 1000:.0f} ms with the input prepared in a child process (a prototype), "
