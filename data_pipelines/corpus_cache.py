@@ -22,13 +22,24 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage.paths import ABANDONED_AFTER_S, file_identity, files_under, remove_tree, storage_path, writable_path
+from storage.paths import (
+    ABANDONED_AFTER_S,
+    copy_file,
+    file_identity,
+    files_under,
+    remove_tree,
+    storage_path,
+    writable_path,
+    write_whole,
+)
 
 CACHE_VERSION = 3  # 2: attempt folders committed by their report; 3: keys hold content edges and the readers' code
 REPORT = "report.json"
 LAST_USED = "last_used.json"  # in an entry's folder: when a run last read or wrote it (least recently used goes first)
 EDGE_BYTES = 1 << 20  # local files: a hash of the first and last MB joins size and mtime in the key
 ENTRY_KEYS = ("parquet", "committed_at")  # what the report adds to the corpus's own report fields
+IN_USE_REFRESH_S = 300  # a run reading an entry marks it used this often (a read of 100M rows takes minutes)
+IN_USE_GRACE_S = 3 * IN_USE_REFRESH_S  # an entry used more recently than this may be being read: never evicted
 
 
 def corpus_key(kind: str, files: list[Path], fmt: str, **options) -> str:
@@ -67,15 +78,25 @@ def _readers_code() -> str:
 def read_cached(folder, quarantine_path) -> tuple | None:
     """(Ray Dataset, report fields) of a whole cached corpus, or None. An entry counts only once its report (written
     last) is there and its Parquet files are the ones the report lists, with the rows it counted; anything else is
-    a miss, said aloud. Its quarantine file is copied where this run keeps its own."""
-    for attempt, report in _committed(storage_path(folder)):
+    a miss, said aloud. Its quarantine file is copied where this run keeps its own. The entry is marked in use
+    from before the read to its end (``in_use``)."""
+    committed = _committed(storage_path(folder))
+    if not committed:
+        return None
+    with in_use(folder):
+        return _first_whole(committed, quarantine_path)
+
+
+def _first_whole(committed: list[tuple], quarantine_path) -> tuple | None:
+    """The first committed attempt whose Parquet files are what its report lists, read."""
+    for attempt, report in committed:
         problem = _mismatch(attempt / "rows", report)
         if problem:
             print(f"[raoe] corpus cache entry {attempt} ignored: {problem}", flush=True)
             continue
         if report.get("quarantine_path"):
             target = writable_path(quarantine_path or "quarantine.jsonl")
-            target.write_bytes((attempt / "quarantine.jsonl").read_bytes())
+            copy_file(attempt / "quarantine.jsonl", target)  # streamed: a quarantine can be larger than memory
             report["quarantine_path"] = str(target)
         fields = {k: v for k, v in report.items() if k not in ENTRY_KEYS}
         return _read_rows(attempt / "rows"), fields
@@ -121,8 +142,9 @@ def write_cached(folder, ds, report: dict) -> bool:
         if sum(parquet.values()) != report["rows_written"]:
             raise OSError(f"wrote {sum(parquet.values())} rows of {report['rows_written']}")
         if report.get("quarantine_path"):
-            (attempt / "quarantine.jsonl").write_bytes(storage_path(report["quarantine_path"]).read_bytes())
-        (attempt / REPORT).write_text(json.dumps({**report, "parquet": parquet, "committed_at": time.time()},
+            copy_file(storage_path(report["quarantine_path"]), attempt / "quarantine.jsonl")
+        # Whole or not at all: a report cut short by a killed writer would be read as committed.
+        write_whole(attempt / REPORT, json.dumps({**report, "parquet": parquet, "committed_at": time.time()},
                                                  indent=2))
         return True
     except Exception as exc:  # noqa: BLE001 - a cache that cannot be written must not fail a run whose data is fine
@@ -132,6 +154,36 @@ def write_cached(folder, ds, report: dict) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def in_use(entry):
+    """Mark ``entry`` used before the block (a read) and every IN_USE_REFRESH_S while it runs, so that another run's
+    ``tidy`` (which keeps entries used within IN_USE_GRACE_S) never evicts what this run is reading. A mark that
+    cannot be written is a warning."""
+    import threading
+
+    stop = threading.Event()
+
+    def mark():
+        try:
+            write_whole(storage_path(entry) / LAST_USED, json.dumps({"at": time.time()}))
+        except Exception as exc:  # noqa: BLE001 - housekeeping must not fail a run whose data is fine
+            print(f"[raoe] warning: could not mark the corpus cache entry {entry} in use ({type(exc).__name__}: "
+                  f"{exc})", flush=True)
+
+    def refresh():
+        while not stop.wait(IN_USE_REFRESH_S):
+            mark()
+
+    mark()
+    refresher = threading.Thread(target=refresh, name="raoe-cache-in-use", daemon=True)
+    refresher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        refresher.join()
+
+
 def after_use(entry, max_gb: float | None, wrote: bool) -> None:
     """Record that ``entry`` was just used; after a write, also remove the cache's killed attempts a day old and,
     with ``max_gb``, the least recently used entries (never this one) until the cache fits (one listing of the whole
@@ -139,7 +191,7 @@ def after_use(entry, max_gb: float | None, wrote: bool) -> None:
     failure is a warning."""
     entry = storage_path(entry)
     try:
-        (entry / LAST_USED).write_text(json.dumps({"at": time.time()}))
+        write_whole(entry / LAST_USED, json.dumps({"at": time.time()}))
         removed = tidy(entry.parent, max_gb, keep=entry.name) if wrote else []
         if removed:
             print(f"[raoe] corpus cache {entry.parent}: removed {', '.join(removed)}", flush=True)
@@ -164,7 +216,8 @@ class _Entry:
 
 def tidy(root, max_gb: float | None, keep: str | None = None, now: float | None = None) -> list[str]:
     """Remove attempts never committed and older than ABANDONED_AFTER_S, then (``max_gb``) whole entries by least
-    recent use until the rest fit; returns what was removed. One listing of the cache gives sizes and ages."""
+    recent use until the rest fit, never one used within IN_USE_GRACE_S (another run may be reading it); returns what
+    was removed. One listing of the cache gives sizes and ages."""
     root, now = storage_path(root), time.time() if now is None else now
     entries: dict[str, _Entry] = {}
     for name, size, mtime in files_under(root):
@@ -191,20 +244,32 @@ def tidy(root, max_gb: float | None, keep: str | None = None, now: float | None 
     for key, entry in sorted(entries.items(), key=lambda kv: kv[1].last_use):
         if max_gb is None or total <= max_gb * 1e9:
             break
-        if key != keep:
+        if key != keep and now - entry.last_use >= IN_USE_GRACE_S:
             remove_tree(root / key)
             total -= entry.bytes
             removed.append(f"{key} ({entry.bytes / 1e9:.3f} GB, least recently used; data.cache_max_gb={max_gb})")
     return removed
 
 
-def _committed(entry) -> list[tuple]:
-    """(attempt folder, report) of each attempt of an entry that wrote its report, the first committed first."""
-    try:
-        attempts = [a for a in entry.iterdir() if (a / REPORT).exists()]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    reports = [(a, json.loads((a / REPORT).read_text())) for a in attempts]
+def _committed(entry, now: float | None = None) -> list[tuple]:
+    """(attempt folder, report) of each attempt of an entry that wrote a readable report, the first committed first.
+    A report that is not JSON (cut short by a writer killed before reports were written whole) commits nothing:
+    the attempt is a miss, said aloud, and is removed once ABANDONED_AFTER_S old."""
+    attempts = [entry / name.split("/")[0] for name, _, _ in files_under(entry) if name.endswith(f"/{REPORT}")
+                and name.count("/") == 1]  # one listing of the entry, not a request per attempt
+    reports = []
+    for attempt in attempts:
+        try:
+            report = json.loads((attempt / REPORT).read_text())
+            if not isinstance(report, dict):
+                raise ValueError(f"a JSON {type(report).__name__}, not an object")
+        except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+            age = (time.time() if now is None else now) - (attempt / REPORT).stat().st_mtime
+            print(f"[raoe] corpus cache entry {attempt} ignored: its report cannot be read ({exc})", flush=True)
+            if age > ABANDONED_AFTER_S:
+                remove_tree(attempt)
+            continue
+        reports.append((attempt, report))
     return sorted(reports, key=lambda pair: (pair[1].get("committed_at", 0), pair[0].name))
 
 

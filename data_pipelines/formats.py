@@ -25,6 +25,8 @@ from data_pipelines.records import (
 Row = dict[str, Any]
 CORPUS_KINDS = ("pairs", "sts", "sentences", "lists", "triples", "triplets", "groups")
 PARQUET_FORMATS = ("parquet", "groups_parquet")
+# Formats of one JSON object or Parquet row per record: the only ones a key=value folder layout adds fields to.
+RECORD_FORMATS = ("parquet", "groups_parquet", "jsonl", "pairs_jsonl", "snli_jsonl", "triplets_jsonl", "groups_jsonl")
 
 
 @dataclass(frozen=True)
@@ -125,23 +127,31 @@ def _bad(source: str | Path, line: int, reason: str, raw: str) -> Row:
     return {"source": str(source), "line": line, "error": reason, "raw": raw[:2000]}
 
 
-def _guard(convert: Callable[[], Row], source: str, line: int, raw: str) -> Row:
+def _guard(convert: Callable[[], Row], source: str, line: int, raw: str | Callable[[], str]) -> Row:
+    """``convert``'s fields, or the row set aside. ``raw``: the record's text, or a function giving it (a Parquet
+    row is JSON-encoded only when it is kept as text: a bad or skipped row, never a good one)."""
     try:
         fields = convert()
         if fields is None:  # not a record (SNLI's '-' gold label): counted, never trained on
-            return {"source": source, "line": line, "error": None, "raw": raw[:2000], "skipped": True}
+            return {"source": source, "line": line, "error": None, "raw": _text(raw)[:2000], "skipped": True}
         return {**fields, "source": source, "line": line, "error": None, "raw": None}
     except RecordError as exc:
-        return _bad(source, line, str(exc), raw)
+        return _bad(source, line, str(exc), _text(raw))
 
 
-def _records(path: Path, convert: Callable[[dict], Row | None], span: Span | None = None) -> Iterator[Row]:
-    """JSON-lines files through ``convert`` (None = not a record, e.g. SNLI's '-' gold label)."""
+def _text(raw: str | Callable[[], str]) -> str:
+    return raw if isinstance(raw, str) else raw()
+
+
+def _records(path: Path, convert: Callable[[dict], Row | None], span: Span | None = None,
+             partition: dict | None = None) -> Iterator[Row]:
+    """JSON-lines files through ``convert`` (None = not a record, e.g. SNLI's '-' gold label). ``partition``: the
+    values of the file's ``key=value`` folders, fields of every record that does not hold them itself."""
     for number, raw, value, error in _json_records(path, span):
         if error:
             yield _bad(path, number, error, raw)
             continue
-        yield _guard(lambda v=value: convert(v), str(path), number, raw)
+        yield _guard(lambda v=value: convert({**partition, **v} if partition else v), str(path), number, raw)
 
 
 def _snli(record: dict) -> Row | None:
@@ -259,8 +269,10 @@ def _ranked_list(record: dict) -> Row:
     return {"sentences": sentences}
 
 
-def _parquet(path: Path, convert: Callable[[dict], Row], span: Span | None = None) -> Iterator[Row]:
-    """The rows of a Parquet file (of ``span``'s row groups), a batch at a time: never the whole file as dicts."""
+def _parquet(path: Path, convert: Callable[[dict], Row], span: Span | None = None,
+             partition: dict | None = None) -> Iterator[Row]:
+    """The rows of a Parquet file (of ``span``'s row groups), a batch at a time: never the whole file as dicts.
+    ``partition`` as in ``_records``."""
     import pyarrow.parquet as pq
 
     with path.open("rb") as f:
@@ -269,36 +281,39 @@ def _parquet(path: Path, convert: Callable[[dict], Row], span: Span | None = Non
         number = 1 if span is None else span.first_line
         for batch in file.iter_batches(batch_size=8192, row_groups=list(groups)):
             for record in batch.to_pylist():
-                yield _guard(lambda r=record: convert(r), str(path), number, json.dumps(record, default=str))
+                if partition:
+                    record = {**partition, **record}
+                yield _guard(lambda r=record: convert(r), str(path), number,
+                             lambda r=record: json.dumps(r, default=str))
                 number += 1
 
 
 # Formats whose every line (or Parquet row) is a record of its own: a large file is read as many spans (read_spans)
 # in parallel.
 SPLITTABLE: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
-    "pairs": {"pairs_jsonl": lambda p, span: _records(p, pair_record, span),
-              "snli_jsonl": lambda p, span: _records(p, _snli, span),
+    "pairs": {"pairs_jsonl": lambda p, span, part=None: _records(p, pair_record, span, part),
+              "snli_jsonl": lambda p, span, part=None: _records(p, _snli, span, part),
               "csv": _csv_pairs,
-              "parquet": lambda p, span: _parquet(p, pair_record, span)},
+              "parquet": lambda p, span, part=None: _parquet(p, pair_record, span, part)},
     "sts": {"stsb_csv": _stsb_csv, "senteval_sts": _senteval_sts},
-    "sentences": {"txt": _sentences_txt, "jsonl": lambda p, span: _records(p, sentence_record, span),
-                  "parquet": lambda p, span: _parquet(p, sentence_record, span)},
-    "lists": {"jsonl": lambda p, span: _records(p, _ranked_list, span)},
-    "triples": {"jsonl": lambda p, span: _records(p, triple_record, span),
-                "parquet": lambda p, span: _parquet(p, triple_record, span)},
-    "triplets": {"triplets_jsonl": lambda p, span: _records(p, triplet_record, span),
-                 "parquet": lambda p, span: _parquet(p, triplet_record, span)},
-    "groups": {"groups_jsonl": lambda p, span: _records(p, group_record, span),
-               "groups_parquet": lambda p, span: _parquet(p, group_record, span)},
+    "sentences": {"txt": _sentences_txt, "jsonl": lambda p, span, part=None: _records(p, sentence_record, span, part),
+                  "parquet": lambda p, span, part=None: _parquet(p, sentence_record, span, part)},
+    "lists": {"jsonl": lambda p, span, part=None: _records(p, _ranked_list, span, part)},
+    "triples": {"jsonl": lambda p, span, part=None: _records(p, triple_record, span, part),
+                "parquet": lambda p, span, part=None: _parquet(p, triple_record, span, part)},
+    "triplets": {"triplets_jsonl": lambda p, span, part=None: _records(p, triplet_record, span, part),
+                 "parquet": lambda p, span, part=None: _parquet(p, triplet_record, span, part)},
+    "groups": {"groups_jsonl": lambda p, span, part=None: _records(p, group_record, span, part),
+               "groups_parquet": lambda p, span, part=None: _parquet(p, group_record, span, part)},
 }
 
 PARSERS: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
     "pairs": {
-        "pairs_jsonl": lambda p, split: _records(p, pair_record),
-        "snli_jsonl": lambda p, split: _records(p, _snli),
+        "pairs_jsonl": lambda p, split, part=None: _records(p, pair_record, None, part),
+        "snli_jsonl": lambda p, split, part=None: _records(p, _snli, None, part),
         "senteval_nli": lambda p, split: _senteval_nli(p, split or "train"),
         "csv": lambda p, split: _csv_pairs(p),
-        "parquet": lambda p, split: _parquet(p, pair_record),
+        "parquet": lambda p, split, part=None: _parquet(p, pair_record, None, part),
     },
     "sts": {
         "stsb_csv": lambda p, split: _stsb_csv(p),
@@ -306,17 +321,17 @@ PARSERS: dict[str, dict[str, Callable[..., Iterator[Row]]]] = {
     },
     "sentences": {
         "txt": lambda p, split: _sentences_txt(p),
-        "jsonl": lambda p, split: _records(p, sentence_record),
-        "parquet": lambda p, split: _parquet(p, sentence_record),
+        "jsonl": lambda p, split, part=None: _records(p, sentence_record, None, part),
+        "parquet": lambda p, split, part=None: _parquet(p, sentence_record, None, part),
         "senteval_nli": lambda p, split: _senteval_nli_sentences(p, split or "train"),
     },
-    "lists": {"jsonl": lambda p, split: _records(p, _ranked_list)},
-    "triples": {"jsonl": lambda p, split: _records(p, triple_record),
-                "parquet": lambda p, split: _parquet(p, triple_record)},
-    "triplets": {"triplets_jsonl": lambda p, split: _records(p, triplet_record),
-                 "parquet": lambda p, split: _parquet(p, triplet_record)},
-    "groups": {"groups_jsonl": lambda p, split: _records(p, group_record),
-               "groups_parquet": lambda p, split: _parquet(p, group_record)},
+    "lists": {"jsonl": lambda p, split, part=None: _records(p, _ranked_list, None, part)},
+    "triples": {"jsonl": lambda p, split, part=None: _records(p, triple_record, None, part),
+                "parquet": lambda p, split, part=None: _parquet(p, triple_record, None, part)},
+    "triplets": {"triplets_jsonl": lambda p, split, part=None: _records(p, triplet_record, None, part),
+                 "parquet": lambda p, split, part=None: _parquet(p, triplet_record, None, part)},
+    "groups": {"groups_jsonl": lambda p, split, part=None: _records(p, group_record, None, part),
+               "groups_parquet": lambda p, split, part=None: _parquet(p, group_record, None, part)},
 }
 
 
@@ -395,16 +410,22 @@ def group_table(columns: dict[str, list]):
                                                             for name in columns]))
 
 
-def parse(kind: str, fmt: str, path: Path, split: str | None = None, span: Span | None = None) -> Iterator[Row]:
+def parse(kind: str, fmt: str, path: Path, split: str | None = None, span: Span | None = None,
+          partition: dict[str, str | None] | None = None) -> Iterator[Row]:
     """Every raw record of ``path`` (or of its ``span``, for a format in SPLITTABLE) as a row with all of the kind's
     fields (None on bad rows) plus ``source``, ``line``, ``error`` (None when good), ``raw`` (the text of a bad row)
-    and ``skipped``."""
+    and ``skipped``. ``partition``: the values of the file's ``key=value`` folders (a Hive or Spark layout), fields
+    of each record that lacks them; only the record formats (JSON lines, Parquet) take them."""
     if kind not in PARSERS:
         raise ValueError(f"unknown corpus kind {kind!r}; known: {CORPUS_KINDS}")
     if fmt not in PARSERS[kind]:
         raise ValueError(f"format {fmt!r} does not hold {kind}; use one of {sorted(PARSERS[kind])}")
     empty = dict.fromkeys(FIELDS[kind])
-    rows = SPLITTABLE[kind][fmt](path, span) if span is not None else PARSERS[kind][fmt](path, split)
+    if partition and fmt not in RECORD_FORMATS:
+        raise ValueError(f"{path}: key=value folders ({', '.join(partition)}) give fields to JSON-lines and Parquet "
+                         f"records only, not to data.format {fmt!r}")
+    extra = {"part": partition} if partition else {}
+    rows = SPLITTABLE[kind][fmt](path, span, **extra) if span is not None else PARSERS[kind][fmt](path, split, **extra)
     for row in rows:
         yield {**empty, "skipped": False, **row}
 

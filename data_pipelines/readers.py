@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
+from urllib.parse import unquote
 
 from data_pipelines.corpus_cache import after_use, corpus_key, read_cached, write_cached
 from data_pipelines.formats import FIELDS, PARSERS, SPLITTABLE, Span, detect_format, parse, read_spans
 from data_pipelines.hub import hub_rows, is_hub_source
-from storage.paths import storage_path, writable_path
+from storage.paths import files_under, storage_path, writable_path
 
 MAX_LISTED = 20
 SPAN_BYTES = 16 << 20  # text per read task: bounds a task's memory (its rows as Python objects) and spreads a file
@@ -47,10 +48,12 @@ class DataReport:
                    cache="+".join(str(r.cache) for r in reports))
 
 
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # Hive's and Spark's folder for rows whose partition value is null
 # Formats by the file names they read; a file whose suffix belongs to another group is refused before any work.
 SUFFIX_FORMATS = {(".parquet",): ("parquet", "groups_parquet"), (".csv", ".tsv"): ("csv", "stsb_csv", "senteval_sts"),
                   (".jsonl", ".json", ".ndjson"): ("jsonl", "pairs_jsonl", "snli_jsonl", "triplets_jsonl",
                                                    "groups_jsonl")}
+DATA_SUFFIXES = {suffix for suffixes in SUFFIX_FORMATS for suffix in suffixes} | {".txt"}
 
 
 def corpus_files(path: str | Path, kind: str, fmt: str) -> tuple[list[Path], str]:
@@ -67,16 +70,45 @@ def corpus_files(path: str | Path, kind: str, fmt: str) -> tuple[list[Path], str
     if fmt == "senteval_nli":
         raise ValueError(f"data.format senteval_nli reads a SentEval NLI folder (s1.<split>, s2.<split>, "
                          f"labels.<split>); {str(root)!r} is not one: set data.format to auto or to the file's format")
-    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")) if root.is_dir() else [root]
+    files = [root / name for name in data_files(root)] if root.is_dir() else [root]
     if not files:
-        raise FileNotFoundError(f"no files under {root}")
-    if fmt != "auto":
-        for suffixes, formats in SUFFIX_FORMATS.items():
-            clash = next((f for f in files if f.suffix.lower() in suffixes), None)
-            if clash is not None and fmt not in formats and any(fmt in group for group in SUFFIX_FORMATS.values()):
-                raise ValueError(f"data.format {fmt!r} cannot read {clash.name}: {', '.join(suffixes)} files are "
-                                 f"read by {', '.join(formats)} (or data.format auto)")
-    return files, detect_format(kind, files[0]) if fmt == "auto" else fmt
+        raise FileNotFoundError(f"no data files under {root} (names starting with '.' or '_' are other tools' "
+                                f"markers and metadata, and empty files hold no record)")
+    resolved = detect_format(kind, files[0]) if fmt == "auto" else fmt
+    for suffixes, formats in SUFFIX_FORMATS.items():
+        clash = next((f for f in files if f.suffix.lower() in suffixes), None)
+        if clash is not None and resolved not in formats and any(resolved in group for group in SUFFIX_FORMATS.values()):
+            chosen = f"data.format {fmt!r}" if fmt != "auto" else f"the format of {files[0].name} ({resolved})"
+            raise ValueError(f"{chosen} cannot read {clash.name}: {', '.join(suffixes)} files are read by "
+                             f"{', '.join(formats)}{' (or data.format auto)' if fmt != 'auto' else ''}")
+    return files, resolved
+
+
+def data_files(root) -> list[str]:
+    """The names (relative, sorted) of the data files in a folder another tool may have written, from one listing:
+    Spark, Hive, pyarrow and Ray Data keep their markers and metadata in names starting with '_' or '.' (``_SUCCESS``,
+    ``_committed_*``, ``_metadata``, ``.part-0.crc``, ``_temporary/``), which are never rows; empty files hold none
+    either (a 0-byte "Parquet file" is not one). Where some files end in a data suffix (``.parquet``, ``.jsonl``,
+    ``part-0.snappy.parquet``, ...) only those are read, so a stray README or log cannot choose the format; a folder
+    of files without one (Hive's ``000000_0``) is read whole."""
+    names = sorted(name for name, size, _ in files_under(root)
+                   if size > 0 and not any(part[:1] in "._" for part in name.split("/")))
+    with_suffix = [name for name in names if PurePosixPath(name).suffix.lower() in DATA_SUFFIXES]
+    return with_suffix or names
+
+
+def partition_values(root, file) -> dict[str, str | None]:
+    """The ``key=value`` folders between a corpus folder and one of its files (Hive / Spark ``partitionBy``), as the
+    fields those folders stand for: values URL-unquoted as Spark writes them, Hive's default partition as None."""
+    if file == root:
+        return {}
+    relative = PurePosixPath(str(file)[len(str(root).rstrip("/")) + 1:])
+    values = {}
+    for folder in relative.parts[:-1]:
+        key, equals, value = folder.partition("=")
+        if equals and key:
+            values[unquote(key)] = None if value == HIVE_NULL else unquote(value)
+    return values
 
 
 def read_raw(kind: str, path: str | Path, fmt: str = "auto", split: str | None = None,
@@ -88,15 +120,18 @@ def read_raw(kind: str, path: str | Path, fmt: str = "auto", split: str | None =
     if is_hub_source(path):
         return hub_rows(kind, str(path), split), [str(path)], "hub"
     files, fmt = listed or corpus_files(path, kind, fmt)
+    root = storage_path(path)
+    partitions = {f: json.dumps(partition_values(root, f)) for f in files}  # {} where no key=value folder
     if fmt in SPLITTABLE[kind]:  # one read task per span of about SPAN_BYTES, a large file read in parallel
-        items = [{"path": str(f), "start": s.start, "end": s.end, "first_line": s.first_line}
-                 for f in files for s in read_spans(fmt, f, SPAN_BYTES)]
+        items = [{"path": str(f), "start": s.start, "end": s.end, "first_line": s.first_line,
+                  "partition": partitions[f]} for f in files for s in read_spans(fmt, f, SPAN_BYTES)]
     else:  # formats read whole (a header, a folder layout): one task per file
-        items = [{"path": str(f), "start": None, "end": None, "first_line": None} for f in files]
+        items = [{"path": str(f), "start": None, "end": None, "first_line": None, "partition": partitions[f]}
+                 for f in files]
 
     def parse_item(item: dict[str, Any]) -> list[dict[str, Any]]:
         span = None if item["start"] is None else Span(item["start"], item["end"], item["first_line"])
-        return list(parse(kind, fmt, storage_path(item["path"]), split, span))
+        return list(parse(kind, fmt, storage_path(item["path"]), split, span, json.loads(item["partition"])))
 
     ds = ray.data.from_items(items, override_num_blocks=len(items))
     return ds.flat_map(parse_item), [str(f) for f in files], fmt

@@ -29,6 +29,7 @@ STORAGE_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEF
 # A cache's staging folder or uncommitted attempt untouched this long is a killed writer's, not one still writing: the
 # caches (corpus, corpus index) remove it then.
 ABANDONED_AFTER_S = 24 * 3600
+COPY_BLOCK_BYTES = 8 << 20  # a streamed copy's block: memory held, whatever the file's size
 
 
 def absolute(path: str) -> str:
@@ -86,6 +87,20 @@ def write_whole(path: str | os.PathLike, content: str | bytes) -> None:
     staging = target.with_name(f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     write(staging)
     os.replace(staging, target)
+
+
+def copy_file(source, target) -> None:
+    """Copy one file (pathlib objects from ``storage_path``) without holding it in memory: a server-side copy within
+    one object store, else streamed a block at a time."""
+    import shutil
+
+    if not isinstance(source, Path) and not isinstance(target, Path) and source.fs is target.fs:
+        source.fs.copy(source.path, target.path)
+        return
+    if isinstance(target, Path):
+        target.parent.mkdir(parents=True, exist_ok=True)
+    with source.open("rb") as reader, target.open("wb") as writer:
+        shutil.copyfileobj(reader, writer, COPY_BLOCK_BYTES)
 
 
 def file_identity(path) -> tuple:

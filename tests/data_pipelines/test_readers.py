@@ -182,7 +182,7 @@ def test_the_cache_removes_killed_attempts_after_a_day_and_least_recently_used_e
         path.write_bytes(b"x" * size)
         os.utime(path, (now - age_s, now - age_s))
 
-    for entry, used_ago in (("a", 300), ("b", 100), ("c", 200)):
+    for entry, used_ago in (("a", 3000), ("b", 1000), ("c", 2000)):  # all beyond the grace of an entry in use
         put(f"{entry}/1/rows/part.parquet", 100, used_ago)
         put(f"{entry}/1/report.json", 0, used_ago)
         put(f"{entry}/{LAST_USED}", 0, used_ago)
@@ -196,6 +196,77 @@ def test_the_cache_removes_killed_attempts_after_a_day_and_least_recently_used_e
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["a", "b"]
     assert (tmp_path / "cache" / "a" / "4").exists() and not (tmp_path / "cache" / "b" / "2").exists()
     assert tidy(tmp_path / "cache", max_gb=None, now=now + 365 * 86400) == []  # no limit: committed entries stay
+    put(f"b/{LAST_USED}", 0, 60)  # another run read b a minute ago, and may still be reading it
+    assert tidy(tmp_path / "cache", max_gb=0, keep="a", now=now) == []  # over the limit, but b is in use
+
+
+def _cached_corpus(tmp_path):
+    """A corpus with bad rows, validated once into the cache: (path, cache folder, the load options)."""
+    path, cache = corpus(tmp_path), tmp_path / "cache"
+    options = {"on_bad_record": "quarantine", "cache_dir": cache, "quarantine_path": tmp_path / "q.jsonl"}
+    assert load_corpus("pairs", path, **options)[1].cache == "written"
+    return path, cache, options
+
+
+def test_a_torn_report_is_a_miss_not_a_failure_of_every_later_run_and_goes_after_a_day(ray_local, tmp_path):
+    """A writer killed while writing report.json once left half of it: every later run on the corpus failed with
+    JSONDecodeError, and the housekeeping never removed it. Reports are now written whole, and an unreadable one
+    commits nothing."""
+    import time
+
+    from data_pipelines.corpus_cache import _committed
+
+    path, cache, options = _cached_corpus(tmp_path)
+    [report] = list(cache.glob("*/*/report.json"))
+    report.write_text(report.read_text()[:40])  # torn
+    ds, again = load_corpus("pairs", path, **options)
+    assert again.cache == "written" and ds.count() == 37  # validated again, and cached again
+    assert load_corpus("pairs", path, **options)[1].cache == "read"
+    entry = report.parent.parent
+    assert _committed(entry) and report.exists()  # within a day it stays (a writer may be that slow)
+    assert len(_committed(entry, now=time.time() + 2 * 86400)) == 1 and not report.parent.exists()
+    assert not list(cache.glob("*/*/.report.json.*"))  # the new report's staging file was renamed into place
+
+
+def test_the_quarantine_file_is_streamed_never_read_whole_into_the_driver(ray_local, tmp_path, monkeypatch):
+    """The cache copied quarantine.jsonl with ``write_bytes(read_bytes())`` on every write and read: a quarantine
+    of many GB passed through the driver's memory whole."""
+    from pathlib import Path
+
+    read_bytes = Path.read_bytes
+
+    def whole(self):
+        assert self.suffix != ".jsonl", f"{self} read whole into memory"
+        return read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", whole)
+    path, cache, options = _cached_corpus(tmp_path)
+    report = load_corpus("pairs", path, **{**options, "quarantine_path": tmp_path / "q2.jsonl"})[1]
+    assert report.cache == "read" and [json.loads(x)["line"] for x in open(report.quarantine_path)] == [6, 18, 31]
+
+
+def test_an_entry_is_marked_in_use_before_its_read_so_another_run_cannot_evict_it_meanwhile(ray_local, tmp_path,
+                                                                                          monkeypatch):
+    """The entry's last use was written after ``read_cached`` returned: another run's housekeeping, between the
+    two, saw it unused (for days, in a sweep's first trial) and removed the files being read."""
+    import os
+    import time
+
+    import data_pipelines.corpus_cache as corpus_cache
+
+    path, cache, options = _cached_corpus(tmp_path)
+    long_ago = time.time() - 30 * 86400
+    for file in cache.rglob("*"):
+        os.utime(file, (long_ago, long_ago))
+    read_rows = corpus_cache._read_rows
+
+    def read_while_another_run_tidies(rows_folder):
+        assert corpus_cache.tidy(cache, max_gb=0) == []  # another run over its own corpus, over the limit
+        return read_rows(rows_folder)
+
+    monkeypatch.setattr(corpus_cache, "_read_rows", read_while_another_run_tidies)
+    ds, report = load_corpus("pairs", path, **options)
+    assert report.cache == "read" and ds.count() == 37
 
 
 def test_two_runs_caching_the_same_corpus_at_once_never_mix_their_files(ray_local, tmp_path):
@@ -214,7 +285,8 @@ def test_two_runs_caching_the_same_corpus_at_once_never_mix_their_files(ray_loca
     ds, report = read_cached(folder, None)
     assert sorted(r["text"] for r in ds.take_all()) == sorted(f"a{i}" for i in range(20))
     assert report["rows_written"] == 20 and [p.name for p in folder.parent.iterdir()] == ["key"]
-    attempts = sorted(folder.iterdir(), key=lambda a: json.loads((a / "report.json").read_text())["committed_at"])
+    attempts = sorted((r.parent for r in folder.glob("*/report.json")),
+                      key=lambda a: json.loads((a / "report.json").read_text())["committed_at"])
     (attempts[1] / "report.json").unlink()  # the second writer was killed before its commit
     next((attempts[0] / "rows").iterdir()).unlink()  # and the first lost a file
     assert read_cached(folder, None) is None
