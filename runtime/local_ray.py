@@ -20,9 +20,10 @@ SAFE_LOCAL_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 
-# Variables that workers need too: the driver's environment does not reach a running cluster's workers.
+# Variables that workers need too: the driver's environment does not reach a running cluster's workers. Not
+# RAOE_NODE_CACHE: each node keeps its copies where its own environment says (its own disk), never at the driver's path.
 FORWARDED_ENV = (
-    "MLFLOW_TRACKING_URI", "MLFLOW_DISABLE_TELEMETRY", "HF_HUB_OFFLINE", "HF_HOME", "RAOE_CACHE", "RAOE_NODE_CACHE",
+    "MLFLOW_TRACKING_URI", "MLFLOW_DISABLE_TELEMETRY", "HF_HUB_OFFLINE", "HF_HOME", "RAOE_CACHE",
     "RAOE_NODE_CACHE_MAX_GB", "TORCH_EXTENSIONS_DIR", "TOKENIZERS_PARALLELISM", "RAOE_DEV_DATA", *STORAGE_ENV,
 )
 

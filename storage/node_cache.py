@@ -4,8 +4,8 @@ cache (memory-mapped training corpora, ``data.node_local``).
 The copy is keyed by a name that says what the folder holds (a content fingerprint), so a copy is never stale: a
 corpus that changes has another name. Every process of a node that needs the folder calls ``node_copy``; the first
 copies under a file lock, into a staging folder renamed into place when whole, and the others wait on the lock and find
-it there. The copies live under ``RAOE_NODE_CACHE`` (default ``~/.cache/raoe/node``): a disk of the node, never a
-shared mount (each node must hold its own).
+it there. The copies live under the node's own ``RAOE_NODE_CACHE`` (default ``<tmp>/raoe-node-cache-<uid>``): a disk of
+the node, never a shared mount (each node must hold its own; a network file system is warned about).
 
 A process that asks for a copy holds a shared lock on it until it exits (the copy is memory-mapped for that long).
 With ``RAOE_NODE_CACHE_MAX_GB`` set, each new copy then removes whole copies, least recently asked for first, until the
@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -28,8 +29,39 @@ MAX_GB_ENV = "RAOE_NODE_CACHE_MAX_GB"  # the node copies' size limit (unset: non
 _HELD: dict[Path, object] = {}  # copy -> the open lock file whose shared lock marks it in use by this process
 
 
+# File systems whose folders other nodes may share, or whose flock may not hold between nodes: the node cache warns.
+NETWORK_FILE_SYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "glusterfs", "ceph", "fuse.sshfs",
+                        "fuse.s3fs", "fuse.gcsfuse", "fuse.mountpoint-s3", "beegfs", "gpfs", "9p"}
+_WARNED: set[Path] = set()
+
+
 def node_cache_root() -> Path:
-    return Path(os.environ.get("RAOE_NODE_CACHE", "~/.cache/raoe/node")).expanduser()
+    """This node's own copies: ``RAOE_NODE_CACHE`` from the node's own environment (a job never forwards the driver's),
+    else a folder of this user's under the system's temporary directory, a disk of the node on every cluster image
+    (the home folder is an NFS mount on many). A root on a network file system is warned about once."""
+    default = Path(tempfile.gettempdir()) / f"raoe-node-cache-{os.getuid()}"
+    root = Path(os.environ.get("RAOE_NODE_CACHE") or default).expanduser()
+    if root not in _WARNED:
+        _WARNED.add(root)
+        kind = file_system_type(root)
+        if kind in NETWORK_FILE_SYSTEMS:
+            print(f"[raoe] warning: the node cache {root} is on a {kind} file system: each node must keep its own "
+                  f"copies on its own disk (two nodes sharing the folder would remove each other's copies in use, "
+                  f"as file locks may not hold between them); set RAOE_NODE_CACHE to a local disk", flush=True)
+    return root
+
+
+def file_system_type(path: Path) -> str | None:
+    """The type of the file system ``path`` (or its nearest existing parent) is on, from /proc/self/mounts (Linux);
+    None where that cannot be read."""
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except OSError:
+        return None
+    path = path.absolute()
+    best = max(((point.replace("\\040", " "), kind) for point, kind in mounts
+                if path == Path(point) or Path(point) in path.parents), key=lambda pair: len(pair[0]), default=None)
+    return best[1] if best else None
 
 
 def node_copy(source: str, name: str, files: list[str] | None = None, contents: dict[str, str] | None = None) -> Path:

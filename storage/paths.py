@@ -9,8 +9,9 @@ Credentials and endpoints come from the standard variables of each store, nothin
 ``AWS_ENDPOINT_URL`` (an S3-compatible server such as MinIO), ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_REGION``, or an instance role on a cloud node. Every node that reads must see them: a cluster's nodes through
 their own environment (the cluster YAML, an instance role), a local Ray through the driver's. A Ray started or
-joined by a job also gets the driver's endpoint, region and profile (not its secrets, which a job's runtime
-environment would show on the dashboard) through runtime.local_ray.
+joined by a job also gets the driver's endpoint, region and client settings (STORAGE_ENV) through runtime.local_ray,
+never its secrets (a job's runtime environment is shown on the dashboard) nor its profile (a name in the driver's own
+~/.aws files): each node brings its own credentials.
 """
 
 from __future__ import annotations
@@ -23,9 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-# Where the object stores are (never a secret): handed from a job's driver to every Ray worker it starts.
-STORAGE_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE",
-               "MLFLOW_S3_ENDPOINT_URL")
+# Where the object stores are and how to speak to them (never a secret): handed from a job's driver to every Ray worker
+# it starts. The checksum settings are what MinIO and Ceph need from botocore 1.36 on; the CA bundle, a private
+# endpoint's certificate. Never AWS_PROFILE: a profile names a section of the driver's own ~/.aws files, which another
+# node does not have (botocore then fails with ProfileNotFound even where the node has keys or an instance role).
+STORAGE_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_CA_BUNDLE",
+               "AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION", "AWS_RETRY_MODE",
+               "AWS_MAX_ATTEMPTS", "MLFLOW_S3_ENDPOINT_URL")
 # A cache's staging folder or uncommitted attempt untouched this long is a killed writer's, not one still writing: the
 # caches (corpus, corpus index) remove it then.
 ABANDONED_AFTER_S = 24 * 3600

@@ -46,3 +46,36 @@ def test_outside_a_ray_copy_relative_means_the_working_directory(tmp_path, monke
 
     monkeypatch.chdir(tmp_path)
     assert stable_path("outputs") == str(tmp_path / "outputs")
+
+
+def test_workers_get_the_stores_settings_but_never_the_drivers_profile_secrets_or_node_cache(monkeypatch):
+    """A profile names a section of the driver's own ~/.aws files (another node fails with ProfileNotFound even with
+    keys of its own), and each node keeps its copies in its own RAOE_NODE_CACHE; the settings a node needs to reach
+    an S3-compatible server (endpoint, region, CA bundle, botocore 1.36's checksum switches) go with the job."""
+    from runtime.local_ray import worker_env
+
+    settings = {"AWS_ENDPOINT_URL": "https://minio.internal:9000", "AWS_REGION": "eu-west-1",
+                "AWS_CA_BUNDLE": "/etc/ssl/minio.pem", "AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",
+                "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required"}
+    withheld = {"AWS_PROFILE": "laptop", "AWS_SECRET_ACCESS_KEY": "s3cr3t", "AWS_SESSION_TOKEN": "token",
+                "RAOE_NODE_CACHE": "/home/me/.cache/raoe/node"}
+    for key, value in {**settings, **withheld}.items():
+        monkeypatch.setenv(key, value)
+    env = worker_env()
+    assert {k: env.get(k) for k in settings} == settings and not set(withheld) & set(env)
+
+
+def test_the_node_cache_defaults_to_the_nodes_temporary_disk_and_warns_on_a_network_file_system(monkeypatch, capsys):
+    import tempfile
+    from pathlib import Path
+
+    import storage.node_cache as node_cache
+
+    monkeypatch.delenv("RAOE_NODE_CACHE", raising=False)
+    root = node_cache.node_cache_root()
+    assert root.parent == Path(tempfile.gettempdir()) and Path.home() not in root.parents
+    assert node_cache.file_system_type(Path("/proc/self")) == "proc"  # read from the mount table
+    monkeypatch.setattr(node_cache, "file_system_type", lambda path: "nfs4")
+    monkeypatch.setenv("RAOE_NODE_CACHE", "/mnt/shared/raoe-node")
+    assert node_cache.node_cache_root() == Path("/mnt/shared/raoe-node")
+    assert "on a nfs4 file system" in capsys.readouterr().out
