@@ -14,11 +14,11 @@ import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from encoders.backbone import inference_embeddings, load_encoder
 from encoders.model_uris import download_model
+from storage.paths import absolute
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 RESULTS_TAG, KEY_TAG = "sts_results", "sts_results.key"
@@ -38,16 +38,17 @@ def task_content(task) -> str | list[str]:
 
 
 def evaluation_key(eval_cfg, dim: int | None = None) -> str:
-    """What makes two suite results comparable: the data (resolved), tasks, STS-B split and pair cap, the
-    retrieval tasks (with their files' content and scoring rules, and an approximate search's settings), and the
-    embedding size scored (a Matryoshka model's leading ``dim``, or the whole)."""
-    spec = {"data_dir": str(Path(eval_cfg.data_dir).resolve()), "tasks": list(eval_cfg.tasks),
+    """What makes two suite results comparable: the data (a local path resolved, a URI as it is: ``Path`` would make
+    ``s3://b/x`` into ``s3:/b/x`` under the job's working folder, another on every submission), tasks, STS-B split
+    and pair cap, the retrieval tasks (with their files' content and scoring rules, and an approximate search's
+    settings), and the embedding size scored (a Matryoshka model's leading ``dim``, or the whole)."""
+    spec = {"data_dir": absolute(str(eval_cfg.data_dir)), "tasks": list(eval_cfg.tasks),
             "stsb_split": eval_cfg.stsb_split, "max_pairs": eval_cfg.max_pairs}
     if dim is not None:
         spec["dim"] = dim
     retrieval = getattr(eval_cfg, "retrieval", None)
     if retrieval:
-        spec["retrieval"] = [{"source": t.source if t.source.startswith("hf:") else str(Path(t.source).resolve()),
+        spec["retrieval"] = [{"source": t.source if t.source.startswith("hf:") else absolute(t.source),
                               "split": t.split, "name": t.task_name, "max_queries": t.max_queries,
                               "ignore_identical_ids": t.ignore_identical_ids, "content": task_content(t)}
                              for t in retrieval]

@@ -137,3 +137,21 @@ def test_results_are_reused_on_the_same_data_and_the_first_version_is_only_probe
     assert sorted(again["reused"]) == [v2, v3] and len(calls) == 3 and not again["promote"]
     other = promote("raoe-reuse", v3, counted, eval_key="data-b")  # other evaluation data: evaluated again
     assert sorted(other["evaluated"]) == [v2, v3] and len(calls) == 5
+
+
+def test_remembered_scores_of_data_on_object_storage_are_found_from_any_working_folder(tmp_path, monkeypatch):
+    """The evaluation key once resolved every data path as a local one: ``s3://bucket/eval`` became
+    ``<working folder>/s3:/bucket/eval``, and a job submitted with ``--working-dir`` runs in a new scratch folder
+    each time, so a score remembered for the same data was never found again."""
+    from jobconfig.schema import EvalConfig
+    from tracking.promotion import evaluation_key
+
+    cfg = EvalConfig(data_dir="s3://bucket/eval")
+    keys = set()
+    for folder in ("one", "two"):
+        (tmp_path / folder).mkdir()
+        monkeypatch.chdir(tmp_path / folder)
+        keys.add(evaluation_key(cfg))
+    assert len(keys) == 1 and evaluation_key(EvalConfig(data_dir="s3://bucket/other")) not in keys
+    monkeypatch.chdir(tmp_path / "one")  # a local path is still resolved: the same folder named two ways is one key
+    assert evaluation_key(EvalConfig(data_dir="data")) == evaluation_key(EvalConfig(data_dir=str(tmp_path / "one/data")))
