@@ -17,8 +17,10 @@ never its secrets (a job's runtime environment is shown on the dashboard) nor it
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,7 @@ STORAGE_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEF
 # A cache's staging folder or uncommitted attempt untouched this long is a killed writer's, not one still writing: the
 # caches (corpus, corpus index) remove it then.
 ABANDONED_AFTER_S = 24 * 3600
+PUBLISHED = "_published.json"  # a published folder's commit marker: the files of the export, written after them
 COPY_BLOCK_BYTES = 8 << 20  # a streamed copy's block: memory held, whatever the file's size
 
 
@@ -168,18 +171,39 @@ class StagedFolder:
         return join(self.target, Path(path).relative_to(self.local).as_posix())
 
     def publish(self) -> None:
-        """Copy what ``local`` holds to ``target``, replacing the folders of the same names there (a resumed run's
-        model is replaced whole, never mixed with the files of an earlier export)."""
+        """Copy what ``local`` holds to ``target``: every file uploaded first, over the old names (a put that fails
+        leaves the previous export in place, never nothing); then, in each folder published, a commit marker
+        (PUBLISHED, written whole) naming the files and sizes of the new export, then the previous export's files that
+        the new one does not have removed (a resumed run's model is never mixed with an earlier export's files).
+        ``local_copy`` copies what a marker names, and refuses a folder whose files are not what it says."""
         if not is_uri(self.target):
             return
         place = storage_path(self.target)
-        for entry in self.local.iterdir():
-            if entry.is_dir():
-                remove_tree(place / entry.name)
         files = sorted(p for p in self.local.rglob("*") if p.is_file())
         if files:
             place.fs.put([str(p) for p in files],
                          [f"{place.path.rstrip('/')}/{p.relative_to(self.local).as_posix()}" for p in files])
+        for folder in (entry for entry in self.local.iterdir() if entry.is_dir()):
+            sizes = {p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+            write_whole(join(self.target, folder.name, PUBLISHED),
+                        json.dumps({"files": sizes, "published_at": time.time()}, indent=1))
+            stale = [name for name, _, _ in files_under(place / folder.name) if name not in sizes and name != PUBLISHED]
+            if stale:
+                place.fs.rm([f"{place.path.rstrip('/')}/{folder.name}/{name}" for name in stale])
+
+
+def published_files(place) -> list[str] | None:
+    """The files a folder's commit marker names (checked: each there, of the size it says), or None where the folder
+    has no marker (written by another tool, or on a file system)."""
+    listed = {name: size for name, size, _ in files_under(place)}
+    if PUBLISHED not in listed:
+        return None
+    named = json.loads((place / PUBLISHED).read_text())["files"]
+    wrong = [name for name, size in named.items() if listed.get(name) != size]
+    if wrong:
+        raise OSError(f"{place} is not the export its marker {PUBLISHED} names ({len(wrong)} file(s) missing or of "
+                      f"another size, such as {wrong[0]}): a publish that failed midway; publish it again")
+    return sorted(named)
 
 
 @contextlib.contextmanager
@@ -191,7 +215,7 @@ def local_copy(path: str | os.PathLike):
         yield place
         return
     with tempfile.TemporaryDirectory(prefix="raoe-copy-") as local:
-        names = [name for name, _, _ in files_under(place)]
+        names = published_files(place) or [name for name, _, _ in files_under(place)]
         if not names:
             raise FileNotFoundError(f"nothing under {path}")
         targets = [Path(local) / name for name in names]

@@ -144,3 +144,43 @@ def test_a_model_kept_on_object_storage_is_logged_and_registered_from_there(s3, 
                                    inference_embeddings(load_encoder(str(local)), texts), atol=1e-6)
     finally:
         mlflow.set_tracking_uri(previous)
+
+
+def test_a_publish_uploads_before_it_removes_and_a_copy_takes_what_its_marker_names(s3, tmp_path, monkeypatch):
+    """Publishing once removed the previous export before uploading the new one: a put that failed (a network error,
+    a full quota) left neither. Now the files go up first, a commit marker names the new export, and only then are
+    the old export's other files removed; a copy of a folder whose files are not what its marker names is refused."""
+    import s3fs
+
+    from storage.paths import PUBLISHED, files_under, local_copy, staged_folder
+
+    def export(files: dict[str, str]):
+        with staged_folder(s3.uri("runs/r1")) as staged:
+            for name, text in files.items():
+                (staged.local / "model" / name).parent.mkdir(parents=True, exist_ok=True)
+                (staged.local / "model" / name).write_text(text)
+            staged.publish()
+
+    def copied() -> dict[str, str]:
+        with local_copy(s3.uri("runs/r1/model")) as folder:
+            return {p.relative_to(folder).as_posix(): p.read_text() for p in folder.rglob("*") if p.is_file()}
+
+    export({"config.json": "v1", "weights.bin": "one", "old/tokenizer.json": "t"})
+    assert copied() == {"config.json": "v1", "weights.bin": "one", "old/tokenizer.json": "t"}
+
+    async def failing_put(self, *args, **kwargs):
+        raise OSError("the network went away")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(s3fs.S3FileSystem, "_put_file", failing_put)
+        with pytest.raises(OSError, match="network went away"):
+            export({"config.json": "v2", "weights.bin": "two"})
+    assert copied() == {"config.json": "v1", "weights.bin": "one", "old/tokenizer.json": "t"}  # still whole
+
+    export({"config.json": "v2", "weights.bin": "two!"})
+    assert copied() == {"config.json": "v2", "weights.bin": "two!"}  # replaced whole: no file of the first export
+    assert sorted(name for name, _, _ in files_under(storage_path(s3.uri("runs/r1/model")))) == \
+        [PUBLISHED, "config.json", "weights.bin"]
+    storage_path(s3.uri("runs/r1/model/weights.bin")).write_bytes(b"half of it")  # a publish that died midway over it
+    with pytest.raises(OSError, match=r"not the export its marker .* weights\.bin"):
+        copied()
