@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from storage import in_use
 from storage.paths import (
     ABANDONED_AFTER_S,
     copy_file,
@@ -38,8 +39,6 @@ REPORT = "report.json"
 LAST_USED = "last_used.json"  # in an entry's folder: when a run last read or wrote it (least recently used goes first)
 EDGE_BYTES = 1 << 20  # local files: a hash of the first and last MB joins size and mtime in the key
 ENTRY_KEYS = ("parquet", "committed_at")  # what the report adds to the corpus's own report fields
-IN_USE_REFRESH_S = 300  # a run reading an entry marks it used this often (a read of 100M rows takes minutes)
-IN_USE_GRACE_S = 3 * IN_USE_REFRESH_S  # an entry used more recently than this may be being read: never evicted
 
 
 def corpus_key(kind: str, files: list[Path], fmt: str, **options) -> str:
@@ -79,11 +78,11 @@ def read_cached(folder, quarantine_path) -> tuple | None:
     """(Ray Dataset, report fields) of a whole cached corpus, or None. An entry counts only once its report (written
     last) is there and its Parquet files are the ones the report lists, with the rows it counted; anything else is
     a miss, said aloud. Its quarantine file is copied where this run keeps its own. The entry is marked in use
-    from before the read to its end (``in_use``)."""
+    from before the read to its end (storage.in_use), so that no other run's ``tidy`` evicts it meanwhile."""
     committed = _committed(storage_path(folder))
     if not committed:
         return None
-    with in_use(folder):
+    with in_use.held(str(storage_path(folder) / LAST_USED)):
         return _first_whole(committed, quarantine_path)
 
 
@@ -154,36 +153,6 @@ def write_cached(folder, ds, report: dict) -> bool:
         return False
 
 
-@contextlib.contextmanager
-def in_use(entry):
-    """Mark ``entry`` used before the block (a read) and every IN_USE_REFRESH_S while it runs, so that another run's
-    ``tidy`` (which keeps entries used within IN_USE_GRACE_S) never evicts what this run is reading. A mark that
-    cannot be written is a warning."""
-    import threading
-
-    stop = threading.Event()
-
-    def mark():
-        try:
-            write_whole(storage_path(entry) / LAST_USED, json.dumps({"at": time.time()}))
-        except Exception as exc:  # noqa: BLE001 - housekeeping must not fail a run whose data is fine
-            print(f"[raoe] warning: could not mark the corpus cache entry {entry} in use ({type(exc).__name__}: "
-                  f"{exc})", flush=True)
-
-    def refresh():
-        while not stop.wait(IN_USE_REFRESH_S):
-            mark()
-
-    mark()
-    refresher = threading.Thread(target=refresh, name="raoe-cache-in-use", daemon=True)
-    refresher.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        refresher.join()
-
-
 def after_use(entry, max_gb: float | None, wrote: bool) -> None:
     """Record that ``entry`` was just used; after a write, also remove the cache's killed attempts a day old and,
     with ``max_gb``, the least recently used entries (never this one) until the cache fits (one listing of the whole
@@ -216,7 +185,7 @@ class _Entry:
 
 def tidy(root, max_gb: float | None, keep: str | None = None, now: float | None = None) -> list[str]:
     """Remove attempts never committed and older than ABANDONED_AFTER_S, then (``max_gb``) whole entries by least
-    recent use until the rest fit, never one used within IN_USE_GRACE_S (another run may be reading it); returns what
+    recent use until the rest fit, never one used within in_use.GRACE_S (another run may be reading it); returns what
     was removed. One listing of the cache gives sizes and ages."""
     root, now = storage_path(root), time.time() if now is None else now
     entries: dict[str, _Entry] = {}
@@ -244,7 +213,7 @@ def tidy(root, max_gb: float | None, keep: str | None = None, now: float | None 
     for key, entry in sorted(entries.items(), key=lambda kv: kv[1].last_use):
         if max_gb is None or total <= max_gb * 1e9:
             break
-        if key != keep and now - entry.last_use >= IN_USE_GRACE_S:
+        if key != keep and now - entry.last_use >= in_use.GRACE_S:
             remove_tree(root / key)
             total -= entry.bytes
             removed.append(f"{key} ({entry.bytes / 1e9:.3f} GB, least recently used; data.cache_max_gb={max_gb})")

@@ -35,6 +35,7 @@ import numpy as np
 
 from encoders.cache import building, cache_root
 from encoders.devices import EncoderPool, pool_resources, shard_pool
+from storage import in_use
 from storage.digests import content_digests, hub_revision, tree_digest
 from storage.node_cache import COMPLETE, node_cache_root, node_copy
 from storage.paths import ABANDONED_AFTER_S, files_under, is_uri, join, remove_tree, storage_path, writable_path
@@ -44,7 +45,7 @@ INDEX_FORMAT = 4  # in the cache key: 1 kept ids and texts in parquet, read whol
 # per-shard row counts in meta.json
 LAST_USED = "last_used"  # touched in an index's folder each time a job builds or reads it: least recently used goes first
 MAX_GB_ENV = "RAOE_INDEX_CACHE_MAX_GB"  # the corpus-index cache's size limit (unset: none), as data.cache_max_gb
-IN_USE_S = 3600  # an index used this recently may still be searched by another job: never evicted
+IN_USE_S = in_use.GRACE_S  # an index used this recently may still be searched by another job: never evicted
 INDEX_CACHE_ENV = "RAOE_INDEX_CACHE"  # the corpus-index cache: a path or an object-store URI
 
 
@@ -404,10 +405,10 @@ class AlignedShardWriter:
 
 
 def _record_use(folder: str) -> None:
-    """The index's last use, as the modification time of its LAST_USED file (an object's on object storage)."""
-    import time
-
-    writable_path(join(folder, LAST_USED)).write_text(f"{time.time():.0f}\n")
+    """The index's last use, as the modification time of its LAST_USED file (an object's on object storage): marked
+    now and every few minutes while this process lives (storage.in_use), so a search longer than the grace period
+    is never evicted from under it."""
+    in_use.hold(join(folder, LAST_USED))
 
 
 def evict_least_recent(root: str | Path, max_gb: float, keep: str, now: float | None = None) -> list[str]:
@@ -446,7 +447,8 @@ def evict_least_recent(root: str | Path, max_gb: float, keep: str, now: float | 
 
 def index_problem(location: str | Path) -> str | None:
     """What is wrong with a cached index, local or on object storage (its meta.json, or shards missing or of other
-    row counts than it says), or None when it is whole: one that lost a file is built again, never searched with
+    row counts than it says), or None when it is whole; an error of the store that is no such evidence (a SlowDown, a
+    timeout) is raised, never taken as a broken index to remove: one that lost a file is built again, never searched with
     rows missing. One listing; on object storage a shard's rows are checked by its .npy's size (no download)."""
     place = storage_path(str(location))
     try:
@@ -469,8 +471,11 @@ def index_problem(location: str | Path) -> str | None:
             if count is not None and held != int(count):
                 return f"shard {shard}.npy holds {held} rows where meta.json counts {count}"
             rows += held
-    except (OSError, ValueError, KeyError) as exc:
+    except (FileNotFoundError, ValueError, KeyError) as exc:  # gone, or not what an index writes: definite
         return f"it cannot be read ({type(exc).__name__}: {exc})"
+    except OSError as exc:  # the store said no for now (SlowDown, a timeout, a permission): nothing says it is broken
+        raise OSError(f"could not check the cached corpus index {location} ({type(exc).__name__}: {exc}); it is left "
+                      f"as it is (other jobs may be searching it): run again once the store answers") from exc
     if rows != int(meta["rows"]):
         return f"its shards hold {rows} rows where meta.json counts {meta['rows']}"
     return None

@@ -564,14 +564,15 @@ def test_an_index_is_cut_into_rounds_of_even_shards_for_the_actors_whatever_its_
 
 def test_the_index_cache_keeps_under_its_limit_by_least_recent_use(tmp_path):
     """RAOE_INDEX_CACHE_MAX_GB: after a build, whole indexes go by least recent use until the cache fits; never the
-    one just built, one used within the hour (another job may be searching it) or a build in progress."""
+    one just built, one used within the grace period (15 minutes: another job may be searching it, and a search
+    marks its index every 5 minutes) or a build in progress."""
     import os
     import time
 
     from evaluation.corpus_index import LAST_USED, evict_least_recent
 
     now = time.time()
-    for name, hours_ago in (("old", 48), ("older", 72), ("recent", 0.5), ("built", 0)):
+    for name, hours_ago in (("old", 48), ("older", 72), ("recent", 0.1), ("built", 0)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "0.npy").write_bytes(b"x" * 1000)
         (tmp_path / name / "meta.json").write_text("{}")
@@ -622,6 +623,58 @@ def test_an_index_cache_on_object_storage_gives_the_evaluator_numbers_and_each_n
     copies = sorted(p.name for p in (tmp_path / "node").iterdir() if p.is_dir())
     assert [c.split("-", 3)[-1] for c in copies] == ["columns"], copies  # the driver: the ids of the rows found,
     # once for both evaluations, and no embeddings (the search actor copies its shards' on its node)
+
+
+def test_an_error_of_the_store_is_no_evidence_that_a_cached_index_is_broken(tmp_path, monkeypatch, s3):
+    """Any OSError while checking a cached index (an S3 SlowDown, a timeout) once counted as "cannot be read": the
+    shared index that other jobs were searching was removed and built again. Only definite evidence (a missing
+    shard, a size or row count that disagrees with meta.json, a meta.json that is not one) rebuilds it."""
+    import evaluation.corpus_index as corpus_index
+    from storage.paths import files_under, storage_path
+
+    location, built = s3.uri("index"), []
+
+    def build(folder):
+        built.append(folder)
+        names = corpus_index.write_shard({"id": np.array(["d0", "d1"], dtype=object),
+                                          "embedding": np.ones((2, 3), dtype=np.float32)}, folder)["shard"]
+        storage_path(f"{folder}/meta.json").write_text(json.dumps({"rows": 2, "dim": 3, "shards": names,
+                                                                   "shard_rows": [2], "text": False}))
+        return names
+
+    names = build(location)
+    stored = sorted(name for name, _, _ in files_under(storage_path(location)))
+
+    def slow_down(place):
+        raise OSError("Please reduce your request rate. (SlowDown)")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(corpus_index, "files_under", slow_down)
+        with pytest.raises(OSError, match=r"could not check the cached corpus index .* left as it is"):
+            corpus_index._on_object_storage(build, location)
+    assert built == [location] and set(stored) <= {name for name, _, _ in files_under(storage_path(location))}
+    assert not corpus_index._on_object_storage(build, location).built  # whole: read, not built again
+    storage_path(f"{location}/{names[0]}.npy").write_bytes(b"cut")  # definite: a shard of another size
+    assert corpus_index._on_object_storage(build, location).built and built == [location, location]
+
+
+def test_a_use_longer_than_the_grace_period_keeps_its_mark_fresh(tmp_path, monkeypatch):
+    """A search or a read longer than the grace period rewrites its entry's marker every REFRESH_S (an index in a
+    search longer than the hour it was given was evicted by another job); a use that ended stops."""
+    import time
+
+    from storage import in_use
+
+    monkeypatch.setattr(in_use, "REFRESH_S", 0.2)
+    marker = tmp_path / "entry" / "last_used"
+    with in_use.held(str(marker)):
+        first = marker.stat().st_mtime_ns
+        time.sleep(1.0)
+        assert marker.stat().st_mtime_ns > first
+    time.sleep(0.5)
+    ended = marker.stat().st_mtime_ns
+    time.sleep(0.6)
+    assert marker.stat().st_mtime_ns == ended
 
 
 def test_a_node_copies_only_the_parts_of_an_index_on_object_storage_that_it_reads(tmp_path, monkeypatch, s3):
