@@ -247,7 +247,7 @@ def _ids_and_rows(batch, location: str, shards: int):
 
 def index_outputs() -> dict[str, str]:
     """Where the encoder actors write corpus indexes, for a job's check that every node reaches it
-    (runtime.local_ray.refuse_node_local_outputs)."""
+    (runtime.local_ray.refuse_node_local_paths)."""
     return {f"{INDEX_CACHE_ENV} (corpus indexes)": index_root()}
 
 
@@ -331,6 +331,7 @@ def _on_file_system(write, target: Path) -> _Found:
     remove_stale_builds(target.parent)
     with building(target) as staging:
         write(str(staging))
+    _record_use(str(target))
     return _Found(CorpusIndex.at(str(target)), built=True)
 
 
@@ -347,6 +348,7 @@ def _on_object_storage(write, target: str) -> _Found:
         print(f"[raoe] cached corpus embeddings {target} ignored and built again: {problem}", flush=True)
         remove_tree(storage_path(target))  # its meta.json names what is not there: no job can search it
     write(target)
+    _record_use(target)
     return _Found(CorpusIndex.at(target), built=True)
 
 
@@ -359,7 +361,7 @@ def _write_index(corpus, model_path: str, corpus_key: str, folder: str, pool: En
         "model_path": model_path, "corpus": corpus_key, "rows": int(sum(s["rows"] for s in shards)),
         "dim": dims.pop() if dims else 0, "shards": [s["shard"] for s in shards],
         "shard_rows": [int(s["rows"]) for s in shards], "text": keep_text}))
-    _record_use(folder)
+    in_use.mark(join(folder, LAST_USED))  # once: on a file system the folder is a staging one, renamed into place
 
 
 def _write_aligned(index: CorpusIndex, model_path: str, folder: str, pool: EncoderPool, batch_size: int) -> None:
@@ -379,7 +381,7 @@ def _write_aligned(index: CorpusIndex, model_path: str, folder: str, pool: Encod
         "model_path": model_path, "corpus": index.meta["corpus"], "rows": index.rows,
         "dim": dims.pop() if dims else 0, "shards": names, "shard_rows": index.shard_rows(), "text": False,
         "aligned_with": index.location}))
-    _record_use(folder)
+    in_use.mark(join(folder, LAST_USED))  # once: on a file system the folder is a staging one, renamed into place
 
 
 class AlignedShardWriter:

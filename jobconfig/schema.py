@@ -29,7 +29,7 @@ TrustRemoteCode = Annotated[bool, Field(description="run Python code shipped wit
                                         "architecture); off unless set")]
 
 # Every job that writes files: on a cluster of several nodes a plain local path would be written by each task on its
-# own node (runtime.local_ray.refuse_node_local_outputs) unless every node mounts it at the same path.
+# own node (runtime.local_ray.refuse_node_local_paths) unless every node mounts it at the same path.
 SharedFilesystem = Annotated[bool, Field(description="the job's local output paths are on a file system every node "
                                          "mounts at the same path (NFS, EFS, Lustre): allows them on a cluster of "
                                          "several nodes, where they are refused otherwise")]

@@ -71,7 +71,8 @@ def main(cfg: AnnotateJobConfig) -> dict:
         return annotate_groups(cfg, experiment_id)
     started = time.time()
     gpus_wanted_here({f"teachers[{i}].gpus_per_actor": t.gpus_per_actor for i, t in enumerate(cfg.teachers)})
-    with ray_session(outputs={"output_dir": cfg.output_dir}, shared_filesystem=cfg.shared_filesystem):
+    with ray_session(outputs={"output_dir": cfg.output_dir}, inputs={"data.train": cfg.data.train},
+                     shared_filesystem=cfg.shared_filesystem):
         datasets, reports = [], []
         for split in cfg.data.splits or [cfg.data.split]:
             ds, report = load_corpus(
@@ -133,7 +134,8 @@ def annotate_groups(cfg: AnnotateJobConfig, experiment_id: str) -> dict:
 
     out, started = cfg.output_dir, time.time()
     gpus_wanted_here({f"teachers[{i}].gpus_per_actor": t.gpus_per_actor for i, t in enumerate(cfg.teachers)})
-    with ray_session(outputs={"output_dir": out}, shared_filesystem=cfg.shared_filesystem):
+    with ray_session(outputs={"output_dir": out}, inputs={"data.train": cfg.data.train},
+                     shared_filesystem=cfg.shared_filesystem):
         ds, report = load_corpus("groups", cfg.data.train, fmt=cfg.data.format, split=cfg.data.split,
                                  max_rows=cfg.data.max_rows, shuffle_seed=cfg.data.shuffle_seed,
                                  on_bad_record=cfg.data.on_bad_record, quarantine_path=join(out, "quarantine.jsonl"))

@@ -111,7 +111,8 @@ def main(cfg: EmbedJobConfig) -> dict:
     settings = EmbedSettings(model_path, side, cfg.embed.normalize, cfg.embed.batch_size, cfg.gpus_per_actor,
                              cfg.data.on_bad_record, cfg.embed.runtime)
     started = time.time()
-    with ray_session(outputs={"output_dir": out}, shared_filesystem=cfg.shared_filesystem):
+    with ray_session(outputs={"output_dir": out}, inputs={"data.train": cfg.data.train},
+                     shared_filesystem=cfg.shared_filesystem):
         check_spec(out, spec)  # before any shard: another model's vectors are never mixed in
         remove_tree(storage_path(join(out, MANIFEST)))  # until this run ends, the folder is not a finished corpus
         finished = finished_shards(out)

@@ -167,7 +167,8 @@ def main(cfg: GenerateListsJobConfig) -> dict:
     started = time.time()
     kind, column = SEED_SOURCES[cfg.lists.seeds_from]
     gpus_wanted_here({"lists.gpus_per_actor": cfg.lists.gpus_per_actor})
-    with ray_session(outputs={"output_dir": cfg.output_dir}, shared_filesystem=cfg.shared_filesystem):
+    with ray_session(outputs={"output_dir": cfg.output_dir}, inputs={"data.train": cfg.data.train},
+                     shared_filesystem=cfg.shared_filesystem):
         ds, report = load_configured(kind, cfg.data, join(out, "quarantine.jsonl"))
         texts, embeddings, candidates = _candidates(ds, column, seed_encoder, cfg.lists)
         if not texts:

@@ -53,7 +53,8 @@ def main(cfg: GenerateSanJobConfig) -> dict:
     experiment_id = ensure_experiment(cfg.tracking.experiment)
     started = time.time()
     gpus_wanted_here({"san.gpus_per_actor": cfg.san.gpus_per_actor})
-    with ray_session(outputs={"output_dir": cfg.output_dir}, shared_filesystem=cfg.shared_filesystem):
+    with ray_session(outputs={"output_dir": cfg.output_dir}, inputs={"data.train": cfg.data.train},
+                     shared_filesystem=cfg.shared_filesystem):
         ds, report = load_configured("sentences", cfg.data, join(out, "quarantine.jsonl"))
         print(f"[raoe] generating SAN negatives ({cfg.san.method}, {cfg.san.model}) for {report.rows_written} "
               f"sentences on {cfg.san.actors} actor(s) ...", flush=True)

@@ -178,7 +178,9 @@ def main(cfg: MineJobConfig) -> dict:
     gpus_wanted_here({"gpus_per_actor": cfg.gpus_per_actor})
     pool = cfg.encoder_pool()
     started = time.time()
-    with ray_session(outputs={"output_dir": out, **index_outputs()}, shared_filesystem=cfg.shared_filesystem):
+    with ray_session(outputs={"output_dir": out, **index_outputs()},
+                     inputs={"data.train": cfg.data.train, "mining.corpus": cfg.mining.corpus},
+                     shared_filesystem=cfg.shared_filesystem):
         pairs, report, data_key = query_positive_pairs(cfg.data, join(out, "quarantine.jsonl"),
                                                        tuple(cfg.mining.labelled_negatives))
         from data_pipelines.mining import is_beir_folder

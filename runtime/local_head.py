@@ -7,10 +7,12 @@ import collections
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -59,12 +61,19 @@ class LocalHead:
         self.env, self.num_cpus = {**env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}, num_cpus
         self.dashboard, self._gcs_port, self._agent_port, self._client_port = free_ports(4)
         self.address = f"http://127.0.0.1:{self.dashboard}"
+        self.gcs_address = f"127.0.0.1:{self._gcs_port}"  # where a node joins it
+        # A temp dir of its own: Ray's job supervisor finds the cluster a job's driver joins through the newest cluster
+        # in the head's temp dir, so in the shared /tmp/ray a Ray started later on this machine (a test's, a second
+        # head) took this head's jobs.
+        self.temp_dir: str | None = None
         self.returncode: int | None = None
         self._head: subprocess.Popen | None = None
         self._said: collections.deque[str] = collections.deque(maxlen=40)  # the head's last lines, for errors
 
     def __enter__(self) -> LocalHead:
+        self.temp_dir = tempfile.mkdtemp(prefix="raoe-head-")
         cmd = [str(VENV_BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+               "--temp-dir", self.temp_dir,
                "--port", str(self._gcs_port), "--dashboard-host", "127.0.0.1",
                "--dashboard-port", str(self.dashboard),
                # Ray's fixed defaults for these are taken when another Ray runs on the machine
@@ -114,6 +123,8 @@ class LocalHead:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._head.pid, signal.SIGKILL)
         self._head.wait()
+        if self.temp_dir:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def submit(self, entrypoint: list[str], runtime_env: dict, cwd: Path, attempts: int = 5) -> Iterator[str]:
         """`ray job submit --working-dir .` from ``cwd``; yields the output lines (the CLI's and the job's) as they

@@ -38,7 +38,7 @@ DASHBOARD_ENV = "RAOE_RAY_DASHBOARD"
 # Pythons that import pyarrow and pandas again (1-2.5 s each here; a 128-row groupby, sort and shuffle took 19 s, and
 # 0.4 s with warm workers). A local Ray (and the demo's local head) keeps idle workers for 10 minutes instead.
 LOCAL_SYSTEM_CONFIG = {"idle_worker_killing_time_threshold_ms": 600_000}
-_local = {"started": False}
+_local: dict[str, str | None] = {"started": None}  # the GCS address of the local Ray this process started
 
 # Never upload these with `ray job submit --working-dir .`.
 WORKING_DIR_EXCLUDES = [".venv", ".git", "mlruns", "mlartifacts", "mlflow.db", "raoe_runs", "outputs", ".cache",
@@ -96,7 +96,7 @@ def start_ray(num_cpus: int | None = None) -> bool:
         _system_config=LOCAL_SYSTEM_CONFIG,
     )
     size_shuffles_to_this_machine(num_cpus or os.cpu_count() or 1)
-    _local["started"] = True
+    _local["started"] = _gcs_address()
     return True
 
 
@@ -104,7 +104,13 @@ def runs_local_ray() -> bool:
     """True while this process runs the local Ray it started (not a cluster it joined, nor one that started it)."""
     import ray
 
-    return _local["started"] and ray.is_initialized()
+    return ray.is_initialized() and _local["started"] == _gcs_address()  # not a Ray joined since one was shut down
+
+
+def _gcs_address() -> str:
+    import ray
+
+    return ray.get_runtime_context().gcs_address
 
 
 def size_shuffles_to_this_machine(cpus: int) -> None:
@@ -118,38 +124,61 @@ def size_shuffles_to_this_machine(cpus: int) -> None:
 
 @contextlib.contextmanager
 def ray_session(num_cpus: int | None = None, outputs: dict[str, str] | None = None,
-                shared_filesystem: bool = False) -> Iterator[None]:
-    """Ray for the length of a job; a local Ray started here is shut down at the end. ``outputs``: the job's output
-    keys and paths, refused on a cluster of several nodes where they are node-local (refuse_node_local_outputs)."""
+                shared_filesystem: bool = False, inputs: dict[str, str] | None = None) -> Iterator[None]:
+    """Ray for the length of a job; a local Ray started here is shut down at the end. ``outputs`` / ``inputs``: the
+    job's keys and paths that Ray's tasks write / read, refused where the tasks may run on another machine and the
+    paths are node-local (refuse_node_local_paths)."""
     import ray
 
     started = start_ray(num_cpus)
     try:
-        refuse_node_local_outputs(outputs or {}, shared_filesystem)
+        refuse_node_local_paths(outputs or {}, inputs or {}, shared_filesystem)
         yield
     finally:
         if started:
             ray.shutdown()
-            _local["started"] = False
+            _local["started"] = None
 
 
-def refuse_node_local_outputs(outputs: dict[str, str], shared_filesystem: bool) -> None:
-    """On a cluster of several nodes, a plain local output path is a different folder on every node: the tasks that
-    write there (Parquet of the corpus cache, annotated sets, checkpoints) would leave each node its own part, and
-    the driver would read or register only its node's. Refused before any work, naming the keys, unless the config
-    says every node mounts those paths at the same place (``shared_filesystem``)."""
-    import ray
-
-    local = {key: path for key, path in outputs.items() if path and not is_uri(path)}
+def refuse_node_local_paths(outputs: dict[str, str], inputs: dict[str, str], shared_filesystem: bool) -> None:
+    """A plain local path is a different folder on every machine: tasks on another node would write their part of an
+    output there (Parquet of the corpus cache, annotated sets, checkpoints) and the driver would read or register only
+    its own node's, or would not find an input at all. Refused before any work, naming the keys, wherever tasks may
+    run on another machine (``other_machines``), unless the config says every node mounts those paths at the same
+    place (``shared_filesystem``). Hub sources (``hf:``) are not paths."""
+    named = {**outputs, **inputs}
+    local = {key: path for key, path in named.items() if path and not is_uri(path) and not str(path).startswith("hf:")}
     if not local or shared_filesystem:
         return
-    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
-    if nodes > 1:
-        named = ", ".join(f"{key}={path}" for key, path in local.items())
-        raise ValueError(f"{named}: a local path on a cluster of {nodes} nodes, so each node would keep only the "
-                         f"part its own tasks wrote. Put it on storage every node reaches: a file system mounted at "
-                         f"the same path on every node (NFS, EFS; then set shared_filesystem=true) or, for "
-                         f"trainer.storage_path, an object-store URI (s3://bucket/prefix)")
+    where = other_machines()
+    if where:
+        listed = ", ".join(f"{key}={path}" for key, path in local.items())
+        raise ValueError(f"{listed}: a local path on {where}, so each node would see only its own folder. Put it on "
+                         f"storage every node reaches: an object-store URI (s3://bucket/prefix) or a file system "
+                         f"mounted at the same path on every node (NFS, EFS; then set shared_filesystem=true)")
+
+
+def other_machines() -> str | None:
+    """Why this job's tasks may run on another machine, or None where they cannot: a local Ray this process started,
+    or a cluster joined through RAY_ADDRESS that is one node bound to loopback (a `ray start --head` on this machine,
+    cluster/local.yaml: no other machine can join it) with CPUs of its own. A cluster of several nodes, a head that
+    runs no tasks (CPU: 0, as cluster/*.yaml and KubeRay start it: its work goes to nodes an autoscaler adds later,
+    perhaps after this check) or one other machines can join (an autoscaler may add nodes at any time) may."""
+    import ray
+
+    if runs_local_ray():
+        return None
+    nodes = [node for node in ray.nodes() if node.get("Alive")]
+    if len(nodes) > 1:
+        return f"a cluster of {len(nodes)} nodes"
+    node = nodes[0]
+    if not node.get("Resources", {}).get("CPU"):
+        return (f"a cluster whose one node ({node.get('NodeManagerAddress')}) runs no tasks (CPU: 0): they run on the "
+                f"nodes an autoscaler adds")
+    address = node.get("NodeManagerAddress", "")
+    if not address.startswith("127.") and address != "::1":
+        return f"a cluster at {address}, which other machines can join (an autoscaler may add nodes at any time)"
+    return None
 
 
 apply_safe_local_env()  # before anything imports ray, where this module is imported first

@@ -5,7 +5,9 @@ scratch copy (runtime/paths.py): registered models there are lost with the clust
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from urllib.parse import urlparse
 
 from runtime.paths import base_dir, ray_package_root, stable_path
 from tracking.metrics import check_reachable
@@ -24,6 +26,29 @@ def tracking_uri() -> str:
     os.environ["MLFLOW_TRACKING_URI"] = uri
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     return uri
+
+
+def local_store() -> dict[str, str]:
+    """{"MLFLOW_TRACKING_URI": its file} where the store is a file on this machine (sqlite, a file store), with its
+    artifacts beside it: Ray Train's rank 0 logs step metrics and artifacts there, so on a cluster whose workers may
+    run on another machine it is a node-local path like any other (a tracking server, an http(s) URI, is not)."""
+    uri = tracking_uri()
+    if uri.startswith(SQLITE):
+        return {"MLFLOW_TRACKING_URI": uri[len(SQLITE):]}
+    if uri.startswith("file:") or "://" not in uri:
+        return {"MLFLOW_TRACKING_URI": uri.removeprefix("file://").removeprefix("file:")}
+    return {}
+
+
+def local_location(location: str) -> str | None:
+    """The folder an artifact location names on this machine, or None for a store's URI (``s3://``, a tracking
+    server's proxied ``mlflow-artifacts:/1``), which no working folder holds (read as a relative path, a job under
+    ``ray job submit`` found it inside its scratch copy and refused every run after the first)."""
+    if location.startswith("file:"):
+        return urlparse(location).path
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", location):
+        return None
+    return location
 
 
 def artifact_root() -> str:
@@ -47,8 +72,8 @@ def ensure_experiment(name: str) -> str:
     mlflow.set_tracking_uri(tracking_uri())
     existing = mlflow.get_experiment_by_name(name)
     if existing is not None:
-        location = existing.artifact_location.removeprefix("file://")
-        if ray_package_root(location) is not None:
+        location = local_location(existing.artifact_location)
+        if location is not None and ray_package_root(location) is not None:
             raise ValueError(f"MLflow experiment {name!r} keeps its artifacts in Ray's scratch copy of a job's working "
                              f"dir ({existing.artifact_location}), which is deleted with the cluster: choose another "
                              f"tracking.experiment (new experiments put artifacts next to the store)")

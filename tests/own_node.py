@@ -51,7 +51,7 @@ class OwnNode:
         # Not `ray start --address`: with Ray's loopback switch on (SAFE_LOCAL_ENV) it refuses to join, and with it off
         # it resolves 127.0.0.1 to the machine's outward address. Ray's own Node API, as cluster_utils adds nodes.
         join = [str(VENV_BIN / "python"), "-m", "tests.own_node", self.gcs_address, str(self.num_cpus)]
-        script = f"mount -t tmpfs none /tmp && mkdir -p /tmp/home && exec {shlex.join(join)}"
+        script = f"{own_tmp()} && mkdir -p /tmp/home && exec {shlex.join(join)}"
         self._process = subprocess.Popen(["unshare", "-Urm", "sh", "-c", script], env=self.env, cwd=ROOT,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                          start_new_session=True)
@@ -61,6 +61,7 @@ class OwnNode:
         while not started.wait(0.2):
             if self._process.poll() is not None or time.monotonic() > deadline:
                 self._stop()
+                time.sleep(0.5)  # the listener reads what a process that failed at once said
                 raise RuntimeError(f"the node in its own namespace did not start:\n{''.join(self._said)}")
         return self
 
@@ -87,6 +88,17 @@ class OwnNode:
             except subprocess.TimeoutExpired:
                 pass
         self.kill()
+
+
+def own_tmp() -> str:
+    """Shell commands giving the namespace a fresh tmpfs on /tmp, the checkout (code and venv, which a cluster's node
+    has too) kept where it is when it lies under /tmp (a clone there: CI's may): the machine's /tmp is held at
+    /var/tmp while the checkout is bound back, then let go."""
+    if Path("/tmp") not in ROOT.parents:
+        return "mount -t tmpfs none /tmp"
+    held = Path("/var/tmp") / ROOT.relative_to("/tmp")
+    return (f"mount --bind /tmp /var/tmp && mount -t tmpfs none /tmp && mkdir -p {shlex.quote(str(ROOT))} && "
+            f"mount --bind {shlex.quote(str(held))} {shlex.quote(str(ROOT))} && umount -l /var/tmp")
 
 
 def _run_node(gcs_address: str, num_cpus: int) -> None:

@@ -25,7 +25,7 @@ from evaluation.sts import stsb_dev_pairs
 from jobconfig.schema import SourceConfig, TrainJobConfig, objective_params
 from objectives.catalog import CATALOG, fields_read
 from runtime.local_ray import ray_session, runs_local_ray, worker_env
-from runtime.tracking_store import ensure_experiment, tracking_uri
+from runtime.tracking_store import ensure_experiment, local_store, tracking_uri
 from storage.node_cache import node_cache_root
 from storage.paths import StagedFolder, absolute, join, staged_folder
 from tracking.metrics import RunTarget, metric_name, with_retries
@@ -174,8 +174,8 @@ def run_training(cfg: TrainJobConfig, *, register: bool = True, parent_run_id: s
             resolved = cfg.model_dump()
             mlflow.log_params({k: str(v)[:500] for k, v in _flat(resolved).items()})
             mlflow.log_dict(resolved, "config.json")
-        with ray_session(outputs={"output_dir": cfg.output_dir, "trainer.storage_path": cfg.trainer.storage_path},
-                         shared_filesystem=cfg.shared_filesystem):
+        with ray_session(outputs={"output_dir": cfg.output_dir, "trainer.storage_path": cfg.trainer.storage_path,
+                                  **local_store()}, inputs=_task_inputs(cfg), shared_filesystem=cfg.shared_filesystem):
             quarantine = join(_output_dir(cfg), run_name, "quarantine.jsonl")
             if pre.sources:
                 corpus, report, sources = _source_data(cfg, pre, quarantine)
@@ -254,6 +254,13 @@ def _gpu_in_this_process() -> None:
         raise ValueError("trainer.use_gpu with trainer.num_workers=0 trains on a GPU of the job's own process, and "
                          "this process sees none: set trainer.num_workers >= 1 to train on Ray's GPU workers, or "
                          "trainer.use_gpu=false")
+
+
+def _task_inputs(cfg: TrainJobConfig) -> dict[str, str]:
+    """The paths Ray's tasks read on any node: data.train and each data.sources[i].train (hub sources excepted)."""
+    sources = getattr(cfg.data, "sources", [])
+    return {"data.train": cfg.data.train,
+            **{f"data.sources[{i}].train": s.train for i, s in enumerate(sources) if getattr(s, "train", None)}}
 
 
 def mixed_sources(cfg: TrainJobConfig) -> list[SourceConfig]:

@@ -69,12 +69,17 @@ def test_a_bad_record_on_s3_is_named_by_its_uri_and_line(s3, tmp_path):
     assert [json.loads(line)["source"] for line in (tmp_path / "q.jsonl").read_text().splitlines()] == [uri]
 
 
-def test_the_corpus_cache_on_s3_reads_an_unchanged_object_back_and_revalidates_a_rewritten_one(s3, tmp_path):
+def test_the_corpus_cache_on_s3_reads_an_unchanged_object_back_and_revalidates_a_rewritten_one(s3, tmp_path,
+                                                                                              monkeypatch):
     """The cache itself on object storage (as under an s3:// trainer.storage_path), its Parquet written by the
     tasks; the key holds the object's ETag (an MD5 of its content on S3): a rewritten object of the same size and
     name is validated again, not served from the cache. With data.cache_max_gb a write removes the least recently used
-    entries, never the one in use; an attempt a killed run left is removed once a day old."""
+    entries, never the one in use; an attempt a killed run left is removed once a day old. (No grace for entries
+    used minutes ago here: tests/data_pipelines/test_readers.py has its test.)"""
     from data_pipelines.corpus_cache import tidy
+    from storage import in_use
+
+    monkeypatch.setattr(in_use, "GRACE_S", 0)
 
     local = tmp_path / "pairs.jsonl"
     local.write_text(_pairs(10))

@@ -79,3 +79,20 @@ def test_the_node_cache_defaults_to_the_nodes_temporary_disk_and_warns_on_a_netw
     monkeypatch.setenv("RAOE_NODE_CACHE", "/mnt/shared/raoe-node")
     assert node_cache.node_cache_root() == Path("/mnt/shared/raoe-node")
     assert "on a nfs4 file system" in capsys.readouterr().out
+
+
+def test_a_tracking_servers_artifact_uri_is_no_folder_in_a_jobs_scratch_copy(in_ray_copy, tmp_path, monkeypatch):
+    """An experiment on a tracking server keeps its artifacts at ``mlflow-artifacts:/1``; read as a relative path it
+    lay inside the job's scratch copy, and every job after the first on that experiment was refused."""
+    import mlflow
+
+    from runtime.tracking_store import ensure_experiment, local_location
+    from tests.conftest import mlflow_store
+
+    assert local_location("mlflow-artifacts:/1") is None and local_location("s3://b/a") is None
+    assert local_location("file:///data/mlartifacts/1") == "/data/mlartifacts/1"
+    assert local_location("/data/mlartifacts/1") == "/data/mlartifacts/1"
+    store = mlflow_store(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    experiment = mlflow.MlflowClient(store).create_experiment("served", artifact_location="mlflow-artifacts:/1")
+    assert ensure_experiment("served") == experiment

@@ -48,6 +48,7 @@ def test_a_training_job_with_local_outputs_is_refused_on_two_nodes_before_any_wo
     message = str(refused.value)
     assert f"output_dir={cfg.output_dir}" in message and f"trainer.storage_path={cfg.trainer.storage_path}" in message
     assert "cluster of 2 nodes" in message and "shared_filesystem=true" in message and "s3://" in message
+    assert "MLFLOW_TRACKING_URI=" in message  # the sqlite store: rank 0 on the other node would log to its own file
     assert not (Path(cfg.trainer.storage_path) / "two-nodes").exists()  # no worker group, no checkpoint
 
 
@@ -83,20 +84,28 @@ def _spark_folder(rows_file, folder):
 
 
 def test_every_path_on_object_storage_trains_across_a_node_of_its_own_with_the_drivers_profile_unsent(
-        two_nodes, train_env, s3, tmp_path, monkeypatch):
+        two_nodes, train_env, s3, tmp_path, monkeypatch, request):
     """The job with its corpus (a folder Spark wrote), cache, checkpoints and export on object storage (the local S3
     endpoint) runs on the two nodes: each has one CPU and each worker takes one, so one worker runs on the node of
     its own, which reaches the endpoint only through what the job forwards and signs with its own keys. The driver
     uses an AWS profile from a file only it has: forwarded, the node's tasks failed with ProfileNotFound. The cache
-    is written, read back, then its report torn: the next run validates again instead of failing. About 100 s: two
-    two-worker runs across the two nodes and a cached read."""
+    is written, read back, then its report torn: the next run validates again instead of failing. MLflow is a
+    tracking server (a sqlite file is refused here: rank 0 may log from the other node). About 110 s: an MLflow
+    server, two two-worker runs across the two nodes and a cached read."""
     import math
 
     from data_pipelines.readers import load_corpus
+    from runtime.local_head import free_port
     from storage.paths import storage_path
+    from tests.foundation.test_tracking_outage import start_server, stop
     from tests.training.conftest import TINY_NLI, tiny_config
     from training.run import run_training
 
+    port = free_port()  # a tracking server every node reaches, as on a cluster: rank 0 logs its step metrics there
+    server = start_server(port, tmp_path / "mlflow")
+    request.addfinalizer(lambda: stop(server))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("RAOE_MLFLOW_ARTIFACTS", raising=False)  # the server keeps them
     aws = tmp_path / "driver-aws"
     aws.mkdir()
     (aws / "config").write_text("[profile laptop]\nregion = us-east-1\n")
