@@ -3,6 +3,7 @@ line number, and either the record's fields or an ``error``; the Ray layer (read
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -21,6 +22,7 @@ from data_pipelines.records import (
     triple_record,
     triplet_record,
 )
+from storage.paths import open_head, read_range
 
 Row = dict[str, Any]
 CORPUS_KINDS = ("pairs", "sts", "sentences", "lists", "triples", "triplets", "groups")
@@ -91,11 +93,11 @@ def read_spans(fmt: str, path: Path, target_bytes: int) -> list[Span]:
 def _lines(path: Path, span: Span | None = None) -> Iterator[tuple[int, str | None, str | None]]:
     """(line number, text, decode error) for every non-blank line (of ``span``, else of the file); bad UTF-8 is
     reported, not skipped; a UTF-8 byte order mark and CRLF line ends are accepted."""
-    with path.open("rb") as f:
-        lines = f
-        if span is not None:
-            f.seek(span.start)
-            lines = io.BytesIO(f.read(span.end - span.start))
+    with contextlib.ExitStack() as stack:
+        if span is not None:  # exactly the span's bytes, in one ranged read
+            lines = io.BytesIO(read_range(path, span.start, span.end))
+        else:
+            lines = stack.enter_context(path.open("rb"))
         for number, raw in enumerate(lines, start=span.first_line if span else 1):
             try:
                 text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
@@ -186,10 +188,16 @@ def _csv_rows(path: Path, span: Span | None = None) -> Iterator[tuple[int, list[
 
 
 def _csv_header(path: Path) -> tuple[int, list[str]]:
-    """(line number, fields) of the file's first readable line, its header; (0, []) when there is none."""
-    for number, fields, _, error in _csv_rows(path):
-        if not error:
-            return number, fields
+    """(line number, fields) of the file's first readable line, its header; (0, []) when there is none. Read in
+    small blocks: every span of a large CSV reads its header."""
+    with open_head(path) as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError:
+                continue
+            if text.strip():
+                return number, next(csv.reader([text.rstrip("\r\n")]))
     return 0, []
 
 
@@ -368,7 +376,7 @@ def has_nli_labels(path: Path) -> bool:
 
 
 def _first_line(path: Path) -> str:
-    with path.open("rb") as f:
+    with open_head(path) as f:
         return io.TextIOWrapper(f, encoding="utf-8", errors="replace").readline()
 
 

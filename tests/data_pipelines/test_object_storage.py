@@ -3,6 +3,7 @@ tests' local S3 endpoint: every layout (a file read in spans, Parquet, a folder 
 bad records named by their URI and line, and the corpus cache keyed by the object's content (its ETag)."""
 
 import json
+import re
 import time
 
 import pyarrow as pa
@@ -189,3 +190,57 @@ def test_a_publish_uploads_before_it_removes_and_a_copy_takes_what_its_marker_na
     storage_path(s3.uri("runs/r1/model/weights.bin")).write_bytes(b"half of it")  # a publish that died midway over it
     with pytest.raises(OSError, match=r"not the export its marker .* weights\.bin"):
         copied()
+
+
+class _Requests:
+    """Every request the suite's S3 endpoint answers (werkzeug's log line for each, from any process: the driver's
+    and the Ray tasks'), as (method, path)."""
+
+    def __init__(self):
+        import logging
+
+        self.seen: list[tuple[str, str]] = []
+        handler = logging.Handler()
+        handler.emit = self._record
+        self.handler, self.logger = handler, logging.getLogger("werkzeug")
+
+    def _record(self, record):
+        words = str(record.getMessage()).split('"')
+        if len(words) > 1 and len(words[1].split()) >= 2:
+            method, path = words[1].split()[:2]
+            self.seen.append((re.sub(r"\x1b\[[0-9;]*m", "", method), path.split("?")[0]))
+
+    def __enter__(self):
+        self.logger.addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)
+
+
+def test_a_warm_start_over_many_shards_lists_them_and_sends_no_request_per_shard(ray_local, s3, tmp_path):
+    """Object storage at scale (issue 71): a corpus of 200 shards, validated once into the cache; the run after
+    (a cache hit) lists the shards and the cache entry, and asks nothing of any shard but the first line of the
+    first (a HEAD each, for the key, once), nor of the cached Parquet files beyond Ray's own read of them (their
+    footers were read one by one on the driver to check the entry, and there was a file per block)."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for shard in range(200):
+        (folder / f"part-{shard:05d}.jsonl").write_text(_pairs(3))
+    uri, cache = s3.upload(folder, "corpus"), s3.uri("runs/corpus_cache")
+    first, written = _rows("pairs", uri, cache_dir=cache)
+    assert written.cache == "written" and len(first) == 600
+    with _Requests() as requests:
+        again, read = _rows("pairs", uri, cache_dir=cache)
+    assert read.cache == "read" and again == first
+    shard_requests = [r for r in requests.seen if "/corpus/part-" in r[1]]
+    assert {path.rsplit("/", 1)[-1] for _, path in shard_requests} <= {"part-00000.jsonl"}, shard_requests[:5]
+    assert len(shard_requests) <= 2  # the first shard's first line, which tells SNLI rows from plain pairs
+    listings = [r for r in requests.seen if r[0] == "GET" and r[1].rstrip("/").endswith(s3.name)]
+    # a few listings whatever the shard count (10 here: the corpus's existence, kind and files, the cache entry and
+    # its rows, Ray's own read), never one per shard
+    assert 1 <= len(listings) <= 12, listings
+    cached = {path for method, path in requests.seen if path.endswith(".parquet")}
+    gets = [r for r in requests.seen if r[1] in cached]
+    # the cache joins blocks into files of 64 MiB (200 blocks were 200 files, and 810 requests of Ray's reader)
+    assert len(cached) == 1 and len(gets) <= 20, (len(gets), len(cached))
