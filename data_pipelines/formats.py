@@ -41,10 +41,10 @@ class Span:
     first_line: int
 
 
-def file_spans(path: Path, target_bytes: int, chunk_bytes: int = 8 << 20) -> list[Span]:
+def file_spans(path: Path, target_bytes: int, chunk_bytes: int = 8 << 20, size: int | None = None) -> list[Span]:
     """``path`` cut at line ends into spans of about ``target_bytes``: one pass counting newlines, ``chunk_bytes`` at
-    a time (about a second a GB)."""
-    size = path.stat().st_size
+    a time (about a second a GB). ``size``: the file's, where a listing gave it (no request for a file of one span)."""
+    size = path.stat().st_size if size is None else size
     if size <= target_bytes:
         return [Span(0, size, 1)]
     spans, start, first_line, line, offset, cut = [], 0, 1, 1, 0, target_bytes
@@ -85,9 +85,9 @@ def parquet_spans(path: Path, target_bytes: int) -> list[Span]:
     return spans
 
 
-def read_spans(fmt: str, path: Path, target_bytes: int) -> list[Span]:
+def read_spans(fmt: str, path: Path, target_bytes: int, size: int | None = None) -> list[Span]:
     """How a file of a SPLITTABLE format is cut into read tasks: row groups for Parquet, line ends for text."""
-    return parquet_spans(path, target_bytes) if fmt in PARQUET_FORMATS else file_spans(path, target_bytes)
+    return parquet_spans(path, target_bytes) if fmt in PARQUET_FORMATS else file_spans(path, target_bytes, size=size)
 
 
 def _lines(path: Path, span: Span | None = None) -> Iterator[tuple[int, str | None, str | None]]:

@@ -97,6 +97,13 @@ def data_files(root) -> list[str]:
     return with_suffix or names
 
 
+def _sizes(root, files) -> dict[str, int]:
+    """Each file's size from one listing of a folder (on object storage a stat is a request per file)."""
+    if len(files) == 1 and files[0] == root:
+        return {}
+    return {str(root / name): size for name, size, _ in files_under(root)}
+
+
 def partition_values(root, file) -> dict[str, str | None]:
     """The ``key=value`` folders between a corpus folder and one of its files (Hive / Spark ``partitionBy``), as the
     fields those folders stand for: values URL-unquoted as Spark writes them, Hive's default partition as None."""
@@ -123,8 +130,10 @@ def read_raw(kind: str, path: str | Path, fmt: str = "auto", split: str | None =
     root = storage_path(path)
     partitions = {f: json.dumps(partition_values(root, f)) for f in files}  # {} where no key=value folder
     if fmt in SPLITTABLE[kind]:  # one read task per span of about SPAN_BYTES, a large file read in parallel
+        sizes = _sizes(root, files)
         items = [{"path": str(f), "start": s.start, "end": s.end, "first_line": s.first_line,
-                  "partition": partitions[f]} for f in files for s in read_spans(fmt, f, SPAN_BYTES)]
+                  "partition": partitions[f]} for f in files
+                 for s in read_spans(fmt, f, SPAN_BYTES, sizes.get(str(f)))]
     else:  # formats read whole (a header, a folder layout): one task per file
         items = [{"path": str(f), "start": None, "end": None, "first_line": None, "partition": partitions[f]}
                  for f in files]
